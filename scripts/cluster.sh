@@ -1,0 +1,44 @@
+# Sourced by the demo and the benchmark: a throwaway PostgreSQL 15 cluster with outbox_ext
+# preloaded, owned by the postgres OS user (PostgreSQL refuses to run as root).
+#
+#   start_cluster DIR PORT [extra postgresql.conf lines...]   then   stop_cluster
+#   psql_cluster ARGS...                                       runs psql against it
+
+PG_BIN=/usr/lib/postgresql/15/bin
+
+as_postgres() {
+  if [ "$(id -un)" = postgres ]; then "$@"; else sudo -u postgres "$@"; fi
+}
+
+install_extension() {
+  echo "== building and installing outbox_ext (release)"
+  local sudo_flag=()
+  [ "$(id -u)" = 0 ] || sudo_flag=(--sudo)
+  cargo pgrx install --release "${sudo_flag[@]}" --pg-config "$PG_BIN/pg_config" >/dev/null
+}
+
+start_cluster() {
+  CLUSTER_DIR=$1 CLUSTER_PORT=$2
+  shift 2
+  rm -rf "$CLUSTER_DIR"
+  mkdir -p "$CLUSTER_DIR"
+  chown postgres "$CLUSTER_DIR" 2>/dev/null || true
+  as_postgres "$PG_BIN/initdb" -D "$CLUSTER_DIR/data" -U postgres --auth=trust >/dev/null
+  {
+    echo "shared_preload_libraries = 'outbox_ext'"
+    echo "listen_addresses = '127.0.0.1'"
+    echo "unix_socket_directories = '$CLUSTER_DIR'"
+    printf '%s\n' "$@"
+  } | as_postgres tee -a "$CLUSTER_DIR/data/postgresql.conf" >/dev/null
+  as_postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR/data" -o "-p $CLUSTER_PORT" -l "$CLUSTER_DIR/server.log" -w start >/dev/null
+}
+
+stop_cluster() {
+  [ -n "${CLUSTER_DIR:-}" ] && [ -f "$CLUSTER_DIR/data/postmaster.pid" ] &&
+    as_postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR/data" -m fast -w stop >/dev/null 2>&1
+  return 0
+}
+
+psql_cluster() {
+  psql -h 127.0.0.1 -p "$CLUSTER_PORT" -U postgres -X -v ON_ERROR_STOP=1 "$@"
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs everything the demo, the tests and the benchmark need on a fresh Debian 12 machine.
+# Idempotent: each step checks before it acts, so a second run takes seconds.
+set -euo pipefail
+
+PG_MAJOR=15
+PGRX_VERSION=0.18.1
+PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
+APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config libssl-dev sudo)
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
+  echo "setup: installing cargo-pgrx $PGRX_VERSION (a few minutes, once)"
+  cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+fi
+
+PGRX_HOME=${PGRX_HOME:-$HOME/.pgrx}
+if ! grep -qs "pg$PG_MAJOR" "$PGRX_HOME/config.toml"; then
+  echo "setup: pointing pgrx at the system PostgreSQL $PG_MAJOR"
+  cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG"
+fi

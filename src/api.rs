@@ -1,0 +1,117 @@
+//! The SQL functions written in Rust. The rest of the API is plain SQL in `sql/api.sql`.
+
+use pgrx::callconv::{Arg, ArgAbi};
+use pgrx::pgrx_sql_entity_graph::metadata::{ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable};
+use pgrx::prelude::*;
+use pgrx::spi::OwnedPreparedStatement;
+use pgrx::PgSqlErrorCode::{self, ERRCODE_INVALID_PARAMETER_VALUE, ERRCODE_NULL_VALUE_NOT_ALLOWED};
+
+use crate::settings::MAX_PAYLOAD_BYTES;
+use crate::worker::wake;
+
+/// Enqueues one event in the caller's transaction and returns its id. The workers are woken
+/// when (and only if) the transaction commits.
+#[pg_extern(volatile, parallel_unsafe)]
+fn outbox_enqueue(topic: Option<&str>, payload: Option<JsonbArg>) -> i64 {
+    let topic = match topic {
+        None => reject(ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_enqueue: topic must not be null".into()),
+        Some(t) if t.trim().is_empty() => reject(ERRCODE_INVALID_PARAMETER_VALUE, "outbox_enqueue: topic must not be empty".into()),
+        Some(t) => t,
+    };
+    let Some(payload) = payload else {
+        reject(ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_enqueue: payload must not be null (use '{}' for an event without data)".into())
+    };
+    let limit = MAX_PAYLOAD_BYTES.get() as usize;
+    let size = payload.text_len();
+    if size > limit {
+        reject(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("outbox_enqueue: payload is {size} bytes of JSON text, more than outbox.max_payload_bytes ({limit} bytes)"),
+        )
+    }
+    let id = insert_event(topic, payload);
+    wake::wake_workers_at_commit();
+    id
+}
+
+/// Raises an ERROR (SQLSTATE class 22): the caller's transaction aborts with nothing written.
+fn reject(code: PgSqlErrorCode, message: String) -> ! {
+    ereport!(ERROR, code, message);
+}
+
+thread_local! {
+    /// The INSERT, planned once per session against the extension's own table, whatever the
+    /// caller's search_path.
+    static INSERT_EVENT: std::cell::OnceCell<OwnedPreparedStatement> = const { std::cell::OnceCell::new() };
+}
+
+fn insert_event(topic: &str, payload: JsonbArg) -> i64 {
+    INSERT_EVENT.with(|cell| {
+        Spi::connect_mut(|client| {
+            let insert = cell.get_or_init(|| {
+                let schema: String = Spi::get_one(include_str!("../sql/find_extension.sql"))
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| "public".to_string());
+                let sql = format!(
+                    "INSERT INTO {}.outbox (topic, payload) VALUES ($1, $2) RETURNING id",
+                    pgrx::spi::quote_identifier(schema)
+                );
+                client
+                    .prepare_mut(sql.as_str(), &[pg_sys::TEXTOID.into(), pg_sys::JSONBOID.into()])
+                    .unwrap_or_else(|e| error!("outbox_enqueue: cannot prepare the insert: {e}"))
+                    .keep()
+            });
+            let rows = client
+                .update(insert, None, &[topic.into(), payload.into()])
+                .unwrap_or_else(|e| error!("outbox_enqueue: insert failed: {e}"));
+            rows.first().get_one::<i64>().ok().flatten().unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"))
+        })
+    })
+}
+
+/// A jsonb argument passed through as the caller gave it: enqueue stores the datum without
+/// turning it into a Rust value and back.
+pub struct JsonbArg(pg_sys::Datum);
+
+impl JsonbArg {
+    /// Length of the payload's JSON text, the form the receiver gets.
+    fn text_len(&self) -> usize {
+        let text = unsafe { pgrx::fcinfo::direct_function_call::<&std::ffi::CStr>(pg_sys::jsonb_out, &[Some(self.0)]) };
+        text.map(|t| t.to_bytes().len()).unwrap_or(0)
+    }
+}
+
+impl FromDatum for JsonbArg {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<JsonbArg> {
+        (!is_null).then_some(JsonbArg(datum))
+    }
+}
+
+impl IntoDatum for JsonbArg {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+unsafe impl SqlTranslatable for JsonbArg {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbArg);
+    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+}
+
+unsafe impl<'fcx> ArgAbi<'fcx> for JsonbArg {
+    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        unsafe { arg.unbox_arg_using_from_datum().unwrap_or_else(|| panic!("argument {index} must not be null")) }
+    }
+
+    unsafe fn unbox_nullable_arg(arg: Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
+        unsafe { arg.unbox_arg_using_from_datum().into() }
+    }
+}

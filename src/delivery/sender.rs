@@ -1,0 +1,119 @@
+//! Sends events concurrently on a small tokio runtime and hands back finished attempts.
+//!
+//! The main thread calls `send` and `take_finished`; the requests themselves run on the
+//! runtime's threads, which never call into PostgreSQL and have every signal blocked so that
+//! PostgreSQL's handlers only ever run on the main thread.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{Attempt, Doorbell, Event, Outcome, Target, USER_AGENT};
+
+pub struct Sender {
+    runtime: tokio::runtime::Runtime,
+    client: reqwest::Client,
+    finished_tx: mpsc::Sender<Attempt>,
+    finished_rx: mpsc::Receiver<Attempt>,
+    doorbell: Arc<Doorbell>,
+    in_flight: usize,
+}
+
+impl Sender {
+    pub fn new() -> Result<Sender, String> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("outbox-http")
+            .on_thread_start(block_all_signals)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+        let client = reqwest::Client::builder()
+            .user_agent(USER_AGENT)
+            .redirect(reqwest::redirect::Policy::none())
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        let doorbell = Doorbell::new().map_err(|e| format!("cannot create an eventfd: {e}"))?;
+        let (finished_tx, finished_rx) = mpsc::channel();
+        Ok(Sender { runtime, client, finished_tx, finished_rx, doorbell: Arc::new(doorbell), in_flight: 0 })
+    }
+
+    /// Starts one attempt; its result comes back through `take_finished`.
+    pub fn send(&mut self, target: &Arc<Target>, event: Event) {
+        let (client, target, done, bell) =
+            (self.client.clone(), target.clone(), self.finished_tx.clone(), self.doorbell.clone());
+        self.in_flight += 1;
+        self.runtime.spawn(async move {
+            let outcome = post(&client, &target, &event).await;
+            // The receiver only disappears when the worker exits; then the result is moot.
+            let _ = done.send(Attempt { id: event.id, attempts: event.attempts, outcome });
+            bell.ring();
+        });
+    }
+
+    /// Every attempt that finished since the last call.
+    pub fn take_finished(&mut self) -> Vec<Attempt> {
+        self.doorbell.clear();
+        let finished: Vec<Attempt> = self.finished_rx.try_iter().collect();
+        self.in_flight -= finished.len();
+        finished
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Ready to read whenever an attempt has finished.
+    pub fn doorbell(&self) -> &Doorbell {
+        &self.doorbell
+    }
+
+    /// Drops the requests still in flight; their rows come back when the lease runs out.
+    pub fn abandon(self) {
+        self.runtime.shutdown_background();
+    }
+}
+
+async fn post(client: &reqwest::Client, target: &Target, event: &Event) -> Outcome {
+    let timestamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let mut request = client.post(target.url.clone()).timeout(target.timeout);
+    for (name, value) in target.headers(event, timestamp) {
+        request = request.header(name, value);
+    }
+    let response = match request.body(event.body.clone()).send().await {
+        Ok(response) => response,
+        Err(e) => return transport_failure(e),
+    };
+    let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok());
+    let outcome = Outcome::from_status(response.status().as_u16(), retry_after, SystemTime::now());
+    // Read the answer to its end: a connection cut mid-response is a failed attempt, and a
+    // fully read response lets the connection go back to the pool.
+    match response.bytes().await {
+        Ok(_) => outcome,
+        Err(e) => transport_failure(e),
+    }
+}
+
+fn transport_failure(error: reqwest::Error) -> Outcome {
+    if error.is_timeout() {
+        return Outcome::TimedOut;
+    }
+    // reqwest's own message names only the URL; the cause is further down the chain.
+    let mut reason = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        reason = format!("{reason}: {cause}");
+        source = cause.source();
+    }
+    Outcome::Unreachable(reason)
+}
+
+fn block_all_signals() {
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}

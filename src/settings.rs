@@ -1,0 +1,111 @@
+//! Every `outbox.*` setting: declared once with its bounds, unit and context, and read into a
+//! plain snapshot that the worker hands to code off the main thread.
+
+use std::ffi::CString;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+use crate::delivery::Target;
+
+pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
+pub static WEBHOOK_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+pub static SIGNING_SECRET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(100);
+pub static CONCURRENCY: GucSetting<i32> = GucSetting::<i32>::new(64);
+pub static LEASE_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
+pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(10);
+pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
+pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+
+/// The most relay workers one server starts; shared memory holds one wake slot per worker.
+pub const MAX_WORKERS: usize = 32;
+const HOUR_MS: i32 = 3_600_000;
+
+pub fn register() {
+    use GucContext::{Postmaster, Sighup, Suset};
+    let none = GucFlags::empty();
+    let ms = GucFlags::UNIT_MS;
+
+    GucRegistry::define_string_guc(c"outbox.database", c"Database the relay workers serve.",
+        c"The workers connect to this database and deliver the events of the outbox_ext extension installed there.",
+        &DATABASE, Postmaster, none);
+    GucRegistry::define_int_guc(c"outbox.workers", c"Relay workers started at server start.",
+        c"Each worker claims and delivers events on its own; they share the queue through row locks.",
+        &WORKERS, 0, MAX_WORKERS as i32, Postmaster, none);
+    GucRegistry::define_string_guc(c"outbox.webhook_url", c"URL that events are POSTed to.",
+        c"http:// or https://. Empty means the workers claim nothing.",
+        &WEBHOOK_URL, Sighup, none);
+    GucRegistry::define_string_guc(c"outbox.signing_secret", c"Standard Webhooks signing secret (whsec_<base64>).",
+        c"When set, every delivery carries a webhook-signature header. Empty means unsigned.",
+        &SIGNING_SECRET, Sighup, GucFlags::SUPERUSER_ONLY);
+    GucRegistry::define_int_guc(c"outbox.batch_size", c"Most events one claim takes.",
+        c"", &BATCH_SIZE, 1, 10_000, Sighup, none);
+    GucRegistry::define_int_guc(c"outbox.concurrency", c"Most requests one worker has in flight.",
+        c"Requests share keep-alive connections to the receiver.", &CONCURRENCY, 1, 1_000, Sighup, none);
+    GucRegistry::define_int_guc(c"outbox.lease", c"How long a claimed event stays invisible to other claimers.",
+        c"If the worker dies, the event is claimed again once the lease runs out. Keep it above outbox.http_timeout.",
+        &LEASE_MS, 1_000, 24 * HOUR_MS, Sighup, ms);
+    GucRegistry::define_int_guc(c"outbox.max_attempts", c"Attempts before an event is marked dead.",
+        c"", &MAX_ATTEMPTS, 1, 1_000, Sighup, none);
+    GucRegistry::define_int_guc(c"outbox.http_timeout", c"Whole-request timeout of one delivery.",
+        c"Connect, send and read the answer must all finish within it.", &HTTP_TIMEOUT_MS, 10, HOUR_MS, Sighup, ms);
+    GucRegistry::define_int_guc(c"outbox.poll_interval", c"Fallback poll when no commit woke the worker.",
+        c"", &POLL_INTERVAL_MS, 10, HOUR_MS, Sighup, ms);
+    GucRegistry::define_int_guc(c"outbox.max_payload_bytes", c"Largest payload outbox_enqueue accepts.",
+        c"Measured as the payload's JSON text, which is what the receiver gets.",
+        &MAX_PAYLOAD_BYTES, 1, i32::MAX, Suset, GucFlags::UNIT_BYTE);
+}
+
+pub fn database() -> String {
+    string_value(&DATABASE)
+}
+
+pub fn workers() -> usize {
+    WORKERS.get() as usize
+}
+
+/// What one pass of the worker loop needs, read on the main thread.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `None`: deliver nothing (see `idle_reason`).
+    pub target: Option<Arc<Target>>,
+    pub idle_reason: Option<String>,
+    pub batch_size: usize,
+    pub concurrency: usize,
+    pub lease: Duration,
+    pub max_attempts: i32,
+    pub poll_interval: Duration,
+}
+
+impl Settings {
+    pub fn read() -> Settings {
+        let http_timeout = millis(HTTP_TIMEOUT_MS.get());
+        let (target, idle_reason) =
+            match Target::parse(&string_value(&WEBHOOK_URL), &string_value(&SIGNING_SECRET), http_timeout) {
+                Ok(Some(target)) => (Some(Arc::new(target)), None),
+                Ok(None) => (None, Some("outbox.webhook_url is empty".to_string())),
+                Err(reason) => (None, Some(reason)),
+            };
+        Settings {
+            target,
+            idle_reason,
+            batch_size: BATCH_SIZE.get() as usize,
+            concurrency: CONCURRENCY.get() as usize,
+            lease: millis(LEASE_MS.get()),
+            max_attempts: MAX_ATTEMPTS.get(),
+            poll_interval: millis(POLL_INTERVAL_MS.get()),
+        }
+    }
+}
+
+fn millis(value: i32) -> Duration {
+    Duration::from_millis(value.max(0) as u64)
+}
+
+fn string_value(setting: &GucSetting<Option<CString>>) -> String {
+    setting.get().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+}
