@@ -7,7 +7,7 @@ use pgrx::spi::OwnedPreparedStatement;
 use pgrx::PgSqlErrorCode::{self, ERRCODE_INVALID_PARAMETER_VALUE, ERRCODE_NULL_VALUE_NOT_ALLOWED};
 
 use crate::settings::MAX_PAYLOAD_BYTES;
-use crate::worker::wake;
+use crate::worker::{registry, wake};
 
 /// Enqueues one event in the caller's transaction and returns its id. The workers are woken
 /// when (and only if) the transaction commits.
@@ -37,6 +37,40 @@ fn outbox_enqueue(topic: Option<&str>, payload: Option<JsonbArg>) -> i64 {
 /// Raises an ERROR (SQLSTATE class 22): the caller's transaction aborts with nothing written.
 fn reject(code: PgSqlErrorCode, message: String) -> ! {
     ereport!(ERROR, code, message);
+}
+
+/// One row per relay worker slot in use: what an operator checks after a reload or when
+/// deliveries stall. Counters start from zero when the worker (re)starts.
+#[pg_extern(volatile)]
+fn outbox_workers() -> TableIterator<
+    'static,
+    (
+        name!(worker, i32),
+        name!(pid, i32),
+        name!(settings_loaded_at, TimestampWithTimeZone),
+        name!(in_flight, i64),
+        name!(delivered, i64),
+        name!(failed, i64),
+    ),
+> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rows: Vec<_> = registry::slots()
+        .iter()
+        .enumerate()
+        .filter(|(_, slot)| slot.running_procno().is_some())
+        .map(|(index, slot)| {
+            let loaded_at = unsafe { TimestampWithTimeZone::from_datum(slot.settings_loaded_at.load(Relaxed).into(), false) };
+            (
+                index as i32 + 1,
+                slot.pid.load(Relaxed),
+                loaded_at.unwrap_or_else(|| error!("outbox_workers: bad timestamp")),
+                slot.in_flight.load(Relaxed),
+                slot.delivered.load(Relaxed),
+                slot.failed.load(Relaxed),
+            )
+        })
+        .collect();
+    TableIterator::new(rows)
 }
 
 thread_local! {

@@ -9,8 +9,23 @@ mod delivery;
 mod settings;
 mod worker;
 
+// `cargo pgrx test` calls its in-database tests as `tests.<name>()`, so that schema must exist.
 #[cfg(any(test, feature = "pg_test"))]
-mod tests;
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn enqueue_returns_the_new_row_id() {
+        let id = Spi::get_one::<i64>("SELECT outbox_enqueue('t', '{}')").unwrap().unwrap();
+        let topic = Spi::get_one::<String>(&format!("SELECT topic FROM outbox WHERE id = {id}")).unwrap();
+        assert_eq!(topic.as_deref(), Some("t"));
+    }
+}
+
+// End-to-end suites: plain #[test]s against the cluster the test above boots.
+#[cfg(test)]
+mod e2e;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -25,7 +40,7 @@ pub extern "C-unwind" fn _PG_init() {
     if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
         return;
     }
-    worker::wake::init_shared_memory();
+    worker::registry::init_shared_memory();
     worker::register_workers();
 }
 
@@ -36,6 +51,6 @@ pub mod pg_test {
 
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        crate::tests::cluster::POSTGRESQL_CONF.to_vec()
+        crate::e2e::cluster::POSTGRESQL_CONF.to_vec()
     }
 }

@@ -2,14 +2,16 @@
 //! transaction open, and record each outcome as it arrives.
 
 mod queue;
+pub mod registry;
 pub mod wake;
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::prelude::*;
 
-use crate::delivery::Sender;
+use crate::delivery::{Outcome, Sender};
 use crate::settings::{self, Settings};
 
 /// How long a stopping worker waits for requests in flight before abandoning them.
@@ -40,10 +42,11 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
         Ok(sender) => sender,
         Err(e) => error!("outbox_ext relay {number}: {e}"),
     };
-    wake::publish_worker(number - 1);
-    let mut relay = Relay { number, settings: Settings::read(), sender, reported_idle: None };
+    let slot = registry::claim_slot(number);
+    let mut relay = Relay { number, slot, settings: Settings::read(), sender, reported_idle: None };
+    relay.note_settings_loaded();
     relay.run();
-    wake::withdraw_worker(number - 1);
+    registry::release_slot(slot);
     relay.sender.abandon();
     // Exit code 1 so that the postmaster restarts a worker stopped on its own (e.g. by
     // pg_terminate_backend); during a server shutdown nothing is restarted anyway.
@@ -52,6 +55,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
 
 struct Relay {
     number: usize,
+    slot: &'static registry::WorkerSlot,
     settings: Settings,
     sender: Sender,
     /// Why the worker is idle, as last logged, so that it is logged once per change.
@@ -72,6 +76,9 @@ impl Relay {
             }
             if BackgroundWorker::sighup_received() {
                 self.reload();
+                // New settings may enable delivery; the poll timer restarts from now.
+                claim_due = true;
+                next_poll = Instant::now() + self.settings.poll_interval;
             }
             self.record_finished();
             if claim_due && self.claim_limit() > 0 {
@@ -115,6 +122,12 @@ impl Relay {
     fn reload(&mut self) {
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         self.settings = Settings::read();
+        self.note_settings_loaded();
+    }
+
+    fn note_settings_loaded(&self) {
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        self.slot.settings_loaded_at.store(now, Ordering::Relaxed);
     }
 
     /// How many events to claim now: none unless at least half a batch fits in the free
@@ -147,6 +160,7 @@ impl Relay {
                 for event in events {
                     self.sender.send(&target, event);
                 }
+                self.slot.in_flight.store(self.sender.in_flight() as i64, Ordering::Relaxed);
                 full
             }
             Err(e) => {
@@ -161,6 +175,10 @@ impl Relay {
         if finished.is_empty() {
             return;
         }
+        let delivered = finished.iter().filter(|a| a.outcome == Outcome::Delivered).count() as i64;
+        self.slot.delivered.fetch_add(delivered, Ordering::Relaxed);
+        self.slot.failed.fetch_add(finished.len() as i64 - delivered, Ordering::Relaxed);
+        self.slot.in_flight.store(self.sender.in_flight() as i64, Ordering::Relaxed);
         match queue::record_attempts(&finished, self.settings.max_attempts) {
             Ok(dead) => {
                 for event in dead {

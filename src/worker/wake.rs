@@ -1,49 +1,25 @@
 //! Waking relay workers the moment an enqueuing transaction commits.
 //!
-//! Each worker publishes its PGPROC number in a shared-memory slot; `outbox_enqueue` arms a
+//! Each worker publishes its PGPROC number in its registry slot; `outbox_enqueue` arms a
 //! transaction callback that sets those workers' latches at commit. A rolled-back transaction
 //! wakes nobody. Polling (`outbox.poll_interval`) remains the fallback, e.g. after a
 //! two-phase commit or on a server where the library is not preloaded.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use pgrx::prelude::*;
-use pgrx::{pg_shmem_init, PgAtomic};
 
-use crate::settings::MAX_WORKERS;
-
-const EMPTY_SLOT: i32 = -1;
-
-static WORKER_PROCS: PgAtomic<[AtomicI32; MAX_WORKERS]> = unsafe { PgAtomic::new(c"outbox_ext_worker_procs") };
-
-/// Set in the postmaster by `_PG_init` and inherited by every backend it forks.
-static SHARED_MEMORY_READY: AtomicBool = AtomicBool::new(false);
+use super::registry;
 
 // Per backend: has this transaction enqueued, and is the callback installed yet?
 static WAKE_AT_COMMIT: AtomicBool = AtomicBool::new(false);
 static CALLBACK_INSTALLED: AtomicBool = AtomicBool::new(false);
 
-/// Called from `_PG_init` while shared_preload_libraries is being processed.
-pub fn init_shared_memory() {
-    pg_shmem_init!(WORKER_PROCS = std::array::from_fn(|_| AtomicI32::new(EMPTY_SLOT)));
-    SHARED_MEMORY_READY.store(true, Ordering::Relaxed);
-}
-
-/// Publishes the calling worker so that commits wake it; `slot` is its worker number.
-pub fn publish_worker(slot: usize) {
-    let procno = unsafe { (*pg_sys::MyProc).pgprocno };
-    WORKER_PROCS.get()[slot].store(procno, Ordering::SeqCst);
-}
-
-pub fn withdraw_worker(slot: usize) {
-    WORKER_PROCS.get()[slot].store(EMPTY_SLOT, Ordering::SeqCst);
-}
-
 /// Arranges for the workers to be woken if the current transaction commits.
 pub fn wake_workers_at_commit() {
-    if !SHARED_MEMORY_READY.load(Ordering::Relaxed) {
+    if registry::slots().is_empty() {
         return;
     }
     WAKE_AT_COMMIT.store(true, Ordering::Relaxed);
@@ -69,12 +45,9 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
 }
 
 fn wake_all_workers() {
-    for slot in WORKER_PROCS.get() {
-        let procno = slot.load(Ordering::SeqCst);
-        if procno != EMPTY_SLOT {
-            // A stale slot (a worker that crashed) only causes a harmless spurious wakeup.
-            unsafe { pg_sys::SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno as usize)).procLatch) };
-        }
+    for procno in registry::slots().iter().filter_map(|slot| slot.running_procno()) {
+        // A stale slot (a worker that crashed) only causes a harmless spurious wakeup.
+        unsafe { pg_sys::SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno)).procLatch) };
     }
 }
 

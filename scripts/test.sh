@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Every test: unit tests of the pure parts, and end-to-end tests against a real cluster with
+# the extension preloaded, real relay workers and a real receiver on 127.0.0.1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+
+# PostgreSQL refuses to run as root, so the test cluster runs as the postgres OS user, in a
+# directory that user can write. pgrx creates the cluster and removes it afterwards.
+PGDATA_DIR=${OUTBOX_TEST_PGDATA:-/tmp/outbox_ext-test-pgdata}
+mkdir -p "$PGDATA_DIR"
+chown postgres "$PGDATA_DIR" 2>/dev/null || true
+
+runas=()
+[ "$(id -un)" = postgres ] || runas=(--runas postgres)
+cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGDATA_DIR" "$@"

@@ -1,0 +1,87 @@
+//! The shared test cluster (booted once per test binary by pgrx's framework) and helpers to
+//! drive it. The relay workers and the outbox table are shared, so end-to-end tests take a
+//! lock and run one at a time, each starting from an empty outbox.
+
+use std::sync::{Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+pub const POSTGRESQL_CONF: &[&str] = &[
+    "shared_preload_libraries = 'outbox_ext'",
+    "outbox.database = 'pgrx_tests'",
+    "outbox.workers = 2",
+];
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A connection to the test database, held while one end-to-end test runs.
+pub struct Db {
+    pub client: postgres::Client,
+    _turn: MutexGuard<'static, ()>,
+}
+
+/// Boots the cluster if needed, waits for this test's turn, and resets the outbox and the
+/// settings to their defaults.
+pub fn db() -> Db {
+    pgrx_tests::run_test("enqueue_returns_the_new_row_id", None, POSTGRESQL_CONF.to_vec()).expect("test cluster");
+    // A test that failed while holding the lock poisons it; the state is reset below anyway.
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (client, _) = pgrx_tests::client().expect("connect to the test cluster");
+    let mut db = Db { client, _turn: turn };
+    db.execute("ALTER SYSTEM RESET ALL");
+    db.reload_settings();
+    db.execute("TRUNCATE outbox, processed_events");
+    db
+}
+
+impl Db {
+    pub fn execute(&mut self, sql: &str) {
+        self.client.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    pub fn value<T: for<'a> postgres::types::FromSql<'a>>(&mut self, sql: &str) -> T {
+        self.client.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+    }
+
+    pub fn enqueue(&mut self, topic: &str, payload: &str) -> i64 {
+        self.client
+            .query_one("SELECT outbox_enqueue($1, $2::text::jsonb)", &[&topic, &payload])
+            .expect("outbox_enqueue")
+            .get(0)
+    }
+
+    /// Applies `settings` with ALTER SYSTEM and waits until every worker has reloaded them.
+    pub fn configure(&mut self, settings: &[(&str, &str)]) {
+        for (name, value) in settings {
+            let value = value.replace('\'', "''");
+            self.execute(&format!("ALTER SYSTEM SET {name} = '{value}'"));
+        }
+        self.reload_settings();
+    }
+
+    fn reload_settings(&mut self) {
+        wait_until("both relay workers run", Duration::from_secs(30), || {
+            self.value::<i64>("SELECT count(*) FROM outbox_workers()") == 2
+        });
+        let before: SystemTime = self.value("SELECT clock_timestamp()");
+        self.execute("SELECT pg_reload_conf()");
+        wait_until("every worker reloaded its settings", Duration::from_secs(10), || {
+            let sql = "SELECT bool_and(settings_loaded_at > $1) FROM outbox_workers()";
+            self.client.query_one(sql, &[&before]).unwrap().get::<_, bool>(0)
+        });
+    }
+
+    /// How many rows of the outbox match `condition`.
+    pub fn count(&mut self, condition: &str) -> i64 {
+        self.value(&format!("SELECT count(*) FROM outbox WHERE {condition}"))
+    }
+}
+
+/// Polls `condition` until it holds; fails the test with `what` after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting until {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,70 @@
+use std::time::Duration;
+
+use super::cluster::{db, wait_until};
+use super::receiver::{Receiver, Reply};
+use crate::delivery::SigningKey;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+#[test]
+fn a_delivery_carries_the_contract_headers_body_and_a_valid_signature() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.signing_secret", SECRET)]);
+
+    let id = db.enqueue("order.placed", r#"{"order_id": 7, "total": 42.5}"#);
+    wait_until("the event is marked sent", Duration::from_secs(10), || db.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1);
+
+    let deliveries = receiver.deliveries_of(id);
+    assert_eq!(deliveries.len(), 1);
+    let delivery = &deliveries[0];
+    assert_eq!(delivery.content_type.as_deref(), Some("application/json"));
+    assert_eq!(delivery.user_agent.as_deref(), Some(concat!("outbox_ext/", env!("CARGO_PKG_VERSION"))));
+    let timestamp: i64 = delivery.timestamp.parse().expect("webhook-timestamp is unix seconds");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!((now - timestamp).abs() < 60, "webhook-timestamp {timestamp} is the attempt's time");
+    let expected = SigningKey::parse(SECRET).unwrap().sign(&id.to_string(), timestamp, delivery.body.as_bytes());
+    assert_eq!(delivery.signature.as_deref(), Some(expected.as_str()));
+
+    let body = delivery.json();
+    assert_eq!(body["type"], "order.placed");
+    assert_eq!(body["data"], serde_json::json!({"order_id": 7, "total": 42.5}));
+    let created_at: String = db.value(&format!(
+        "SELECT to_json(created_at)#>>'{{}}' FROM outbox WHERE id = {id}"
+    ));
+    assert_eq!(body["timestamp"], created_at.as_str(), "timestamp is created_at in RFC 3339");
+    assert!(created_at.contains('T') && (created_at.ends_with('Z') || created_at[created_at.len() - 6..].starts_with(['+', '-'])));
+}
+
+#[test]
+fn a_commit_wakes_a_worker_without_waiting_for_the_poll() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    // With an hour between polls, only the commit's wakeup can explain a prompt delivery.
+    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.poll_interval", "1h")]);
+    let id = db.enqueue("wake.me", "{}");
+    wait_until("the event arrives long before the next poll", Duration::from_secs(10), || !receiver.deliveries_of(id).is_empty());
+}
+
+#[test]
+fn claims_are_served_by_the_partial_index() {
+    let mut db = db();
+    db.execute(
+        "INSERT INTO outbox (topic, payload, sent_at) SELECT 'history', '{}', now() FROM generate_series(1, 20000);
+         INSERT INTO outbox (topic, payload) SELECT 'pending', '{}' FROM generate_series(1, 10);
+         ANALYZE outbox",
+    );
+    let claim = include_str!("../../sql/claim_batch.sql");
+    db.execute(&format!("BEGIN; PREPARE claim(bigint, bigint) AS {claim}"));
+    let plan: Vec<String> = db
+        .client
+        .query("EXPLAIN EXECUTE claim(100, 30000)", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    db.execute("ROLLBACK; DEALLOCATE claim");
+    let plan = plan.join("\n");
+    assert!(plan.contains("outbox_pending"), "the claim walks the outbox_pending index:\n{plan}");
+    assert!(plan.contains("LockRows"), "the claim locks the rows it takes:\n{plan}");
+}

@@ -1,0 +1,66 @@
+use std::time::Duration;
+
+use super::cluster::{db, wait_until};
+use super::receiver::{Receiver, Reply};
+
+#[test]
+fn bad_input_errors_with_class_22_and_writes_nothing() {
+    let mut db = db();
+    db.execute("CREATE TABLE IF NOT EXISTS orders (id int); TRUNCATE orders; SET outbox.max_payload_bytes = 100");
+    let exactly_100 = format!(r#"'{{"k": "{}"}}'"#, "x".repeat(91));
+    let over_by_one = format!(r#"'{{"k": "{}"}}'"#, "x".repeat(92));
+    assert_eq!(db.value::<i32>(&format!("SELECT octet_length({exactly_100}::jsonb::text)")), 100);
+    let cases = [
+        ("NULL", "'{}'", "22004", "topic must not be null"),
+        ("''", "'{}'", "22023", "topic must not be empty"),
+        ("'  '", "'{}'", "22023", "topic must not be empty"),
+        ("'t'", "NULL", "22004", "payload must not be null"),
+        ("'t'", over_by_one.as_str(), "22023", "101 bytes of JSON text, more than outbox.max_payload_bytes (100 bytes)"),
+    ];
+    for (topic, payload, sqlstate, message) in cases {
+        db.execute("BEGIN; INSERT INTO orders VALUES (1)");
+        let error = db
+            .client
+            .batch_execute(&format!("SELECT outbox_enqueue({topic}, {payload}::jsonb)"))
+            .expect_err("bad input must raise an error");
+        let error = error.as_db_error().expect("a database error");
+        assert_eq!(error.code().code(), sqlstate, "topic {topic}, payload {payload}");
+        assert!(error.message().contains(message), "{:?} should say {message:?}", error.message());
+        db.execute("ROLLBACK");
+    }
+    assert_eq!(db.count("true"), 0, "no outbox row was written");
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM orders"), 0, "the business write aborted with it");
+
+    db.enqueue("at.the.limit", &exactly_100[1..exactly_100.len() - 1]);
+    assert_eq!(db.count("topic = 'at.the.limit'"), 1, "a payload exactly at the limit is accepted");
+}
+
+#[test]
+fn odd_but_valid_events_are_stored_as_given() {
+    let mut db = db();
+    let nested = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    for (topic, payload) in [("ünïcödé.tøpic ✓", r#"{"emoji": "📦", "escaped": "a\tb\u00e9"}"#), ("t", "{}"), ("t", nested.as_str()), ("t", "42")] {
+        let id = db.enqueue(topic, payload);
+        let row = db.client.query_one("SELECT topic, payload = $2::text::jsonb FROM outbox WHERE id = $1", &[&id, &payload]).unwrap();
+        assert_eq!(row.get::<_, String>(0), topic);
+        assert!(row.get::<_, bool>(1), "payload {payload} round-trips");
+    }
+}
+
+#[test]
+fn a_rolled_back_enqueue_leaves_no_row_and_is_never_delivered() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+
+    db.execute("BEGIN; SELECT outbox_enqueue('rolled.back', '{}'); ROLLBACK");
+    let committed = db.enqueue("committed", "{}");
+    // The committed event was enqueued after the rolled-back one; once it has arrived, the
+    // rolled-back one would have arrived too if it could.
+    wait_until("the committed event arrives", Duration::from_secs(10), || !receiver.deliveries_of(committed).is_empty());
+    wait_until("it is marked sent", Duration::from_secs(10), || db.count("sent_at IS NOT NULL") == 1);
+
+    assert!(receiver.deliveries().iter().all(|d| d.json()["type"] == "committed"));
+    assert_eq!(db.count("topic = 'rolled.back'"), 0);
+    assert_eq!(db.count("true"), 1);
+}

@@ -1,0 +1,128 @@
+//! A real HTTP receiver on 127.0.0.1 for the tests: records every request it gets and answers
+//! as the test says (a status, a Retry-After, or holding the request until released).
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::Instant;
+
+/// One request as the receiver saw it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub id: i64,
+    pub timestamp: String,
+    pub signature: Option<String>,
+    pub content_type: Option<String>,
+    pub user_agent: Option<String>,
+    pub body: String,
+    pub at: Instant,
+}
+
+impl Delivery {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).expect("the body is JSON")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reply {
+    Status(u16),
+    /// The status with a `Retry-After: <seconds>` header.
+    RetryAfter(u16, u64),
+    /// Keep the request open until `release()`, then answer 204.
+    Hold,
+}
+
+#[derive(Default)]
+struct State {
+    deliveries: Vec<Delivery>,
+    held: usize,
+    released: bool,
+}
+
+pub struct Receiver {
+    pub url: String,
+    server: Arc<tiny_http::Server>,
+    reply: Arc<Mutex<Reply>>,
+    state: Arc<(Mutex<State>, Condvar)>,
+}
+
+impl Receiver {
+    pub fn start(reply: Reply) -> Receiver {
+        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1"));
+        let port = server.server_addr().to_ip().expect("an IP listener").port();
+        let receiver = Receiver {
+            url: format!("http://127.0.0.1:{port}/events"),
+            server: server.clone(),
+            reply: Arc::new(Mutex::new(reply)),
+            state: Arc::new((Mutex::new(State::default()), Condvar::new())),
+        };
+        let (reply, state) = (receiver.reply.clone(), receiver.state.clone());
+        thread::spawn(move || {
+            for request in server.incoming_requests() {
+                let (reply, state) = (reply.clone(), state.clone());
+                thread::spawn(move || answer(request, *reply.lock().unwrap(), &state));
+            }
+        });
+        receiver
+    }
+
+    pub fn set_reply(&self, reply: Reply) {
+        *self.reply.lock().unwrap() = reply;
+    }
+
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.state.0.lock().unwrap().deliveries.clone()
+    }
+
+    pub fn deliveries_of(&self, id: i64) -> Vec<Delivery> {
+        self.deliveries().into_iter().filter(|d| d.id == id).collect()
+    }
+
+    /// Requests currently kept open by `Reply::Hold`.
+    pub fn held(&self) -> usize {
+        self.state.0.lock().unwrap().held
+    }
+
+    pub fn release(&self) {
+        let (lock, wakeup) = &*self.state;
+        lock.lock().unwrap().released = true;
+        wakeup.notify_all();
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.release();
+        self.server.unblock();
+    }
+}
+
+fn answer(mut request: tiny_http::Request, reply: Reply, state: &(Mutex<State>, Condvar)) {
+    let header = |name: &'static str| {
+        request.headers().iter().find(|h| h.field.equiv(name)).map(|h| h.value.as_str().to_string())
+    };
+    let id = header("webhook-id").and_then(|v| v.parse().ok()).unwrap_or(-1);
+    let (timestamp, signature) = (header("webhook-timestamp").unwrap_or_default(), header("webhook-signature"));
+    let (content_type, user_agent) = (header("content-type"), header("user-agent"));
+    let mut body = String::new();
+    let _ = request.as_reader().read_to_string(&mut body);
+    let (lock, wakeup) = state;
+    lock.lock().unwrap().deliveries.push(Delivery {
+        id, timestamp, signature, content_type, user_agent, body, at: Instant::now(),
+    });
+    let response = match reply {
+        Reply::Status(status) => tiny_http::Response::empty(status),
+        Reply::RetryAfter(status, seconds) => tiny_http::Response::empty(status)
+            .with_header(tiny_http::Header::from_bytes("Retry-After", seconds.to_string()).unwrap()),
+        Reply::Hold => {
+            let mut guard = lock.lock().unwrap();
+            guard.held += 1;
+            while !guard.released {
+                guard = wakeup.wait(guard).unwrap();
+            }
+            guard.held -= 1;
+            tiny_http::Response::empty(204)
+        }
+    };
+    let _ = request.respond(response);
+}

@@ -1,0 +1,53 @@
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::cluster::{db, wait_until};
+use super::receiver::{Receiver, Reply};
+
+#[test]
+fn two_workers_deliver_200_rows_exactly_once_between_them() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.batch_size", "10")]);
+    let delivered_before: Vec<i64> = db.client.query("SELECT delivered FROM outbox_workers() ORDER BY worker", &[])
+        .unwrap().iter().map(|r| r.get(0)).collect();
+
+    let ids: HashSet<i64> = (0..200).map(|n| db.enqueue("bulk", &format!(r#"{{"n": {n}}}"#))).collect();
+    wait_until("all 200 are sent", Duration::from_secs(30), || db.count("sent_at IS NOT NULL") == 200);
+
+    let received: Vec<i64> = receiver.deliveries().iter().map(|d| d.id).collect();
+    assert_eq!(received.len(), 200, "no event was delivered twice");
+    assert_eq!(received.into_iter().collect::<HashSet<_>>(), ids, "every event was delivered");
+    assert_eq!(db.value::<i64>("SELECT count(DISTINCT claimed_by) FROM outbox"), 2, "both workers claimed rows");
+    let delivered_after: Vec<i64> = db.client.query("SELECT delivered FROM outbox_workers() ORDER BY worker", &[])
+        .unwrap().iter().map(|r| r.get(0)).collect();
+    for (before, after) in delivered_before.iter().zip(&delivered_after) {
+        assert!(after > before, "every worker delivered some: {delivered_before:?} -> {delivered_after:?}");
+    }
+}
+
+#[test]
+fn no_transaction_or_row_lock_is_held_while_a_request_is_in_flight() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Hold);
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+
+    let id = db.enqueue("held", "{}");
+    wait_until("the request is in flight", Duration::from_secs(10), || receiver.held() == 1);
+
+    let open: i64 = db.value(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE backend_type = 'outbox_ext relay' AND (xact_start IS NOT NULL OR backend_xid IS NOT NULL)",
+    );
+    assert_eq!(open, 0, "no relay worker has a transaction open");
+    let locks: i64 = db.value(
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+          WHERE a.backend_type = 'outbox_ext relay'",
+    );
+    assert_eq!(locks, 0, "no relay worker holds a lock");
+    db.execute(&format!("BEGIN; SELECT id FROM outbox WHERE id = {id} FOR UPDATE NOWAIT; ROLLBACK"));
+    assert_eq!(db.value::<i64>("SELECT sum(in_flight)::bigint FROM outbox_workers()"), 1);
+
+    receiver.release();
+    wait_until("the event is sent once answered", Duration::from_secs(10), || db.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1);
+}

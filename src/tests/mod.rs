@@ -1,5 +1,0 @@
-//! End-to-end tests against a real cluster with the extension preloaded, real relay workers
-//! and a real HTTP receiver on 127.0.0.1. They live inside the crate because `cargo pgrx test`
-//! boots its cluster from here (see the README, "Tests").
-
-pub mod cluster;

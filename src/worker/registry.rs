@@ -1,0 +1,80 @@
+//! One shared-memory slot per relay worker: how commits find a worker's latch, and what
+//! `outbox_workers()` shows an operator. Written by the worker, read by any backend.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, Ordering};
+
+use pgrx::prelude::*;
+use pgrx::shmem::PGRXSharedMemory;
+use pgrx::{pg_shmem_init, PgAtomic};
+
+use crate::settings::MAX_WORKERS;
+
+const NO_PROC: i32 = -1;
+
+pub struct WorkerSlot {
+    /// PGPROC number while the worker runs, NO_PROC otherwise.
+    pub procno: AtomicI32,
+    pub pid: AtomicI32,
+    /// When the worker last read its settings (PostgreSQL timestamp, microseconds).
+    pub settings_loaded_at: AtomicI64,
+    pub in_flight: AtomicI64,
+    pub delivered: AtomicI64,
+    pub failed: AtomicI64,
+}
+
+unsafe impl PGRXSharedMemory for WorkerSlot {}
+
+impl WorkerSlot {
+    fn empty() -> WorkerSlot {
+        WorkerSlot {
+            procno: AtomicI32::new(NO_PROC),
+            pid: AtomicI32::new(0),
+            settings_loaded_at: AtomicI64::new(0),
+            in_flight: AtomicI64::new(0),
+            delivered: AtomicI64::new(0),
+            failed: AtomicI64::new(0),
+        }
+    }
+
+    pub fn running_procno(&self) -> Option<usize> {
+        let procno = self.procno.load(Ordering::SeqCst);
+        (procno != NO_PROC).then_some(procno as usize)
+    }
+}
+
+static SLOTS: PgAtomic<[WorkerSlot; MAX_WORKERS]> = unsafe { PgAtomic::new(c"outbox_ext_workers") };
+
+/// Set in the postmaster by `_PG_init` and inherited by every backend it forks.
+static READY: AtomicBool = AtomicBool::new(false);
+
+/// Called from `_PG_init` while shared_preload_libraries is being processed.
+pub fn init_shared_memory() {
+    pg_shmem_init!(SLOTS = std::array::from_fn(|_| WorkerSlot::empty()));
+    READY.store(true, Ordering::Relaxed);
+}
+
+/// The slots, or none when the library was not preloaded (no workers exist then).
+pub fn slots() -> &'static [WorkerSlot] {
+    if READY.load(Ordering::Relaxed) {
+        SLOTS.get()
+    } else {
+        &[]
+    }
+}
+
+/// The calling worker's slot (`number` counts from 1), marked as running.
+pub fn claim_slot(number: usize) -> &'static WorkerSlot {
+    let slot = &SLOTS.get()[number - 1];
+    unsafe {
+        slot.pid.store(pg_sys::MyProcPid, Ordering::SeqCst);
+        slot.procno.store((*pg_sys::MyProc).pgprocno, Ordering::SeqCst);
+    }
+    slot.in_flight.store(0, Ordering::Relaxed);
+    slot
+}
+
+pub fn release_slot(slot: &WorkerSlot) {
+    slot.procno.store(NO_PROC, Ordering::SeqCst);
+    slot.pid.store(0, Ordering::SeqCst);
+    slot.in_flight.store(0, Ordering::Relaxed);
+}
