@@ -21,13 +21,17 @@ pub struct Sender {
 
 impl Sender {
     pub fn new() -> Result<Sender, String> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("outbox-http")
-            .on_thread_start(block_all_signals)
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+        // Threads inherit the signal mask of the thread that creates them: build the runtime
+        // with every signal blocked, so its threads (and the ones they start) never run a
+        // PostgreSQL signal handler, not even for an instant after they start.
+        let runtime = with_signals_blocked(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("outbox-http")
+                .enable_all()
+                .build()
+        })
+        .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
         let client = reqwest::Client::builder()
             .user_agent(USER_AGENT)
             .redirect(reqwest::redirect::Policy::none())
@@ -110,10 +114,39 @@ fn transport_failure(error: reqwest::Error) -> Outcome {
     Outcome::Unreachable(reason)
 }
 
-fn block_all_signals() {
+fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut previous: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut previous);
+        let result = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocked_on_this_thread(signal: i32) -> bool {
+        unsafe {
+            let mut mask: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask);
+            libc::sigismember(&mask, signal) == 1
+        }
+    }
+
+    #[test]
+    fn runtime_threads_have_every_signal_blocked_and_the_caller_keeps_its_mask() {
+        let sender = Sender::new().unwrap();
+        let on_runtime = sender.runtime.block_on(async {
+            tokio::spawn(async { [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGINT].map(blocked_on_this_thread) })
+                .await
+                .unwrap()
+        });
+        assert_eq!(on_runtime, [true; 4]);
+        assert!(!blocked_on_this_thread(libc::SIGUSR1), "the creating thread's mask is restored");
     }
 }

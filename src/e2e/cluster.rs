@@ -12,6 +12,17 @@ pub const POSTGRESQL_CONF: &[&str] = &[
     "outbox.workers = 2",
 ];
 
+/// The settings tests change; each test starts with them at their defaults.
+const CHANGED_SETTINGS: &[&str] = &[
+    "outbox.webhook_url",
+    "outbox.signing_secret",
+    "outbox.batch_size",
+    "outbox.lease",
+    "outbox.max_attempts",
+    "outbox.http_timeout",
+    "outbox.poll_interval",
+];
+
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// A connection to the test database, held while one end-to-end test runs.
@@ -28,7 +39,9 @@ pub fn db() -> Db {
     let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let (client, _) = pgrx_tests::client().expect("connect to the test cluster");
     let mut db = Db { client, _turn: turn };
-    db.execute("ALTER SYSTEM RESET ALL");
+    for name in CHANGED_SETTINGS {
+        db.execute(&format!("ALTER SYSTEM RESET {name}"));
+    }
     db.reload_settings();
     db.execute("TRUNCATE outbox, processed_events");
     db

@@ -9,4 +9,5 @@ mod consumer;
 mod delivery;
 mod enqueue;
 mod retries;
+mod settings;
 mod workers;

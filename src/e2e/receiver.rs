@@ -59,8 +59,8 @@ impl Receiver {
         let (reply, state) = (receiver.reply.clone(), receiver.state.clone());
         thread::spawn(move || {
             for request in server.incoming_requests() {
-                let (reply, state) = (reply.clone(), state.clone());
-                thread::spawn(move || answer(request, *reply.lock().unwrap(), &state));
+                let (reply, state) = (*reply.lock().unwrap(), state.clone());
+                thread::spawn(move || answer(request, reply, &state));
             }
         });
         receiver

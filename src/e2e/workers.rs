@@ -1,5 +1,5 @@
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::cluster::{db, wait_until};
 use super::receiver::{Receiver, Reply};
@@ -50,4 +50,31 @@ fn no_transaction_or_row_lock_is_held_while_a_request_is_in_flight() {
 
     receiver.release();
     wait_until("the event is sent once answered", Duration::from_secs(10), || db.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1);
+}
+
+#[test]
+fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_the_lease() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Hold);
+    // The lease outlasts the worker's 3 s shutdown grace, so nobody else claims the row first.
+    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.lease", "5s"), ("outbox.http_timeout", "60s")]);
+
+    let id = db.enqueue("abandoned", "{}");
+    wait_until("the request is in flight", Duration::from_secs(10), || receiver.held() == 1);
+    receiver.set_reply(Reply::Status(204)); // the held request stays unanswered; later ones succeed
+    let pid: i32 = db.value(&format!("SELECT claimed_by FROM outbox WHERE id = {id}"));
+    let stopping = Instant::now();
+    db.execute(&format!("SELECT pg_terminate_backend({pid})"));
+    wait_until("the worker has exited", Duration::from_secs(10), || {
+        db.value::<i64>(&format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}")) == 0
+    });
+    let stopped_in = stopping.elapsed();
+    assert!(stopped_in < Duration::from_secs(5), "the worker took {stopped_in:?} to stop");
+    assert_eq!(db.count(&format!("id = {id} AND sent_at IS NULL")), 1, "an unanswered event is not marked sent");
+
+    wait_until("the abandoned event is delivered again", Duration::from_secs(30), || {
+        db.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1
+    });
+    assert_eq!(receiver.deliveries_of(id).len(), 2, "delivered again once the lease ran out");
+    wait_until("the worker is back", Duration::from_secs(30), || db.value::<i64>("SELECT count(*) FROM outbox_workers()") == 2);
 }

@@ -43,7 +43,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
         Err(e) => error!("outbox_ext relay {number}: {e}"),
     };
     let slot = registry::claim_slot(number);
-    let mut relay = Relay { number, slot, settings: Settings::read(), sender, reported_idle: None };
+    let mut relay = Relay { number, slot, settings: Settings::read(), sender };
     relay.note_settings_loaded();
     relay.run();
     registry::release_slot(slot);
@@ -58,8 +58,6 @@ struct Relay {
     slot: &'static registry::WorkerSlot,
     settings: Settings,
     sender: Sender,
-    /// Why the worker is idle, as last logged, so that it is logged once per change.
-    reported_idle: Option<String>,
 }
 
 impl Relay {
@@ -76,9 +74,7 @@ impl Relay {
             }
             if BackgroundWorker::sighup_received() {
                 self.reload();
-                // New settings may enable delivery; the poll timer restarts from now.
-                claim_due = true;
-                next_poll = Instant::now() + self.settings.poll_interval;
+                claim_due = true; // the new settings may enable delivery
             }
             self.record_finished();
             if claim_due && self.claim_limit() > 0 {
@@ -125,22 +121,21 @@ impl Relay {
         self.note_settings_loaded();
     }
 
+    /// Publishes when the settings were read, and says once why nothing will be delivered.
     fn note_settings_loaded(&self) {
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         self.slot.settings_loaded_at.store(now, Ordering::Relaxed);
+        if let Some(reason) = &self.settings.idle_reason {
+            log!("outbox_ext relay {}: not delivering: {reason}", self.number);
+        }
     }
 
     /// How many events to claim now: none unless at least half a batch fits in the free
     /// request slots, so that claims stay batched while earlier requests are in flight.
-    fn claim_limit(&mut self) -> usize {
+    fn claim_limit(&self) -> usize {
         if self.settings.target.is_none() {
-            if self.reported_idle != self.settings.idle_reason {
-                log!("outbox_ext relay {}: not delivering: {}", self.number, self.settings.idle_reason.as_deref().unwrap_or(""));
-                self.reported_idle = self.settings.idle_reason.clone();
-            }
             return 0;
         }
-        self.reported_idle = None;
         let free = self.settings.concurrency.saturating_sub(self.sender.in_flight());
         let batch = self.settings.batch_size.min(self.settings.concurrency);
         if free >= batch.div_ceil(2) {
