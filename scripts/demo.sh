@@ -65,5 +65,5 @@ done
 echo "== outbox_stats()"
 psql_cluster -c "SELECT * FROM outbox_stats()"
 echo "== the outbox table"
-psql_cluster -c "SELECT id, topic, attempts, sent_at - created_at AS commit_to_ack, claimed_by FROM outbox ORDER BY id"
+psql_cluster -c "SELECT id, topic, attempts, sent_at - created_at AS enqueue_to_ack, claimed_by FROM outbox ORDER BY id"
 echo "== done: 4 committed events delivered and signed, the rolled-back order sent nothing"
