@@ -84,6 +84,14 @@ impl Db {
         });
     }
 
+    pub fn is_sent(&mut self, id: i64) -> bool {
+        self.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1
+    }
+
+    pub fn is_dead(&mut self, id: i64) -> bool {
+        self.count(&format!("id = {id} AND dead_at IS NOT NULL")) == 1
+    }
+
     /// How many rows of the outbox match `condition`.
     pub fn count(&mut self, condition: &str) -> i64 {
         self.value(&format!("SELECT count(*) FROM outbox WHERE {condition}"))

@@ -26,7 +26,7 @@ fn a_consumer_using_mark_processed_applies_each_event_once() {
     let id = db.enqueue("payment.received", r#"{"amount": 10}"#);
     wait_until("the first attempt arrives", Duration::from_secs(10), || receiver.deliveries_of(id).len() == 1);
     receiver.set_reply(Reply::Status(204));
-    wait_until("the event is sent", Duration::from_secs(20), || db.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1);
+    wait_until("the event is sent", Duration::from_secs(20), || db.is_sent(id));
 
     let deliveries = receiver.deliveries_of(id);
     assert_eq!(deliveries.len(), 2, "the same event arrived twice");

@@ -13,7 +13,7 @@ fn a_delivery_carries_the_contract_headers_body_and_a_valid_signature() {
     db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.signing_secret", SECRET)]);
 
     let id = db.enqueue("order.placed", r#"{"order_id": 7, "total": 42.5}"#);
-    wait_until("the event is marked sent", Duration::from_secs(10), || db.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1);
+    wait_until("the event is marked sent", Duration::from_secs(10), || db.is_sent(id));
 
     let deliveries = receiver.deliveries_of(id);
     assert_eq!(deliveries.len(), 1);

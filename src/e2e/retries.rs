@@ -10,7 +10,7 @@ fn a_receiver_that_always_fails_sees_exactly_max_attempts_then_the_row_is_dead()
     db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.max_attempts", "3")]);
 
     let id = db.enqueue("always.fails", "{}");
-    wait_until("the event is dead", Duration::from_secs(30), || db.count(&format!("id = {id} AND dead_at IS NOT NULL")) == 1);
+    wait_until("the event is dead", Duration::from_secs(30), || db.is_dead(id));
 
     let attempts = receiver.deliveries();
     assert_eq!(attempts.len(), 3, "exactly max_attempts attempts");
@@ -22,7 +22,7 @@ fn a_receiver_that_always_fails_sees_exactly_max_attempts_then_the_row_is_dead()
 
     receiver.set_reply(Reply::Status(204));
     assert!(db.value::<bool>(&format!("SELECT outbox_requeue({id})")));
-    wait_until("the requeued event is delivered", Duration::from_secs(10), || db.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1);
+    wait_until("the requeued event is delivered", Duration::from_secs(10), || db.is_sent(id));
     assert_eq!(receiver.deliveries_of(id).len(), 4);
     assert_eq!(db.value::<i64>("SELECT dead FROM outbox_stats()"), 0);
     assert!(!db.value::<bool>(&format!("SELECT outbox_requeue({id})")), "a sent event cannot be requeued");
@@ -38,7 +38,7 @@ fn retry_after_delays_the_next_attempt() {
     let id = db.enqueue("slow.down", "{}");
     wait_until("the first attempt arrives", Duration::from_secs(10), || receiver.deliveries_of(id).len() == 1);
     receiver.set_reply(Reply::Status(204));
-    wait_until("the retry succeeds", Duration::from_secs(20), || db.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1);
+    wait_until("the retry succeeds", Duration::from_secs(20), || db.is_sent(id));
 
     let attempts = receiver.deliveries_of(id);
     assert_eq!(attempts.len(), 2);

@@ -49,7 +49,7 @@ fn no_transaction_or_row_lock_is_held_while_a_request_is_in_flight() {
     assert_eq!(db.value::<i64>("SELECT sum(in_flight)::bigint FROM outbox_workers()"), 1);
 
     receiver.release();
-    wait_until("the event is sent once answered", Duration::from_secs(10), || db.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1);
+    wait_until("the event is sent once answered", Duration::from_secs(10), || db.is_sent(id));
 }
 
 #[test]
@@ -73,7 +73,7 @@ fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_t
     assert_eq!(db.count(&format!("id = {id} AND sent_at IS NULL")), 1, "an unanswered event is not marked sent");
 
     wait_until("the abandoned event is delivered again", Duration::from_secs(30), || {
-        db.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1
+        db.is_sent(id)
     });
     assert_eq!(receiver.deliveries_of(id).len(), 2, "delivered again once the lease ran out");
     wait_until("the worker is back", Duration::from_secs(30), || db.value::<i64>("SELECT count(*) FROM outbox_workers()") == 2);
