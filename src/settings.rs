@@ -19,6 +19,7 @@ pub static LEASE_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(10);
 pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
+pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
 /// The most relay workers one server starts; shared memory holds one wake slot per worker.
@@ -55,6 +56,9 @@ pub fn register() {
         c"Connect, send and read the answer must all finish within it.", &HTTP_TIMEOUT_MS, 10, HOUR_MS, Sighup, ms);
     GucRegistry::define_int_guc(c"outbox.poll_interval", c"Fallback poll when no commit woke the worker.",
         c"", &POLL_INTERVAL_MS, 10, HOUR_MS, Sighup, ms);
+    GucRegistry::define_int_guc(c"outbox.retention", c"How long sent events are kept before the workers delete them.",
+        c"0 keeps them forever. Dead and pending events are never deleted.",
+        &RETENTION_S, 0, i32::MAX, Sighup, GucFlags::UNIT_S);
     GucRegistry::define_int_guc(c"outbox.max_payload_bytes", c"Largest payload outbox_enqueue accepts.",
         c"Measured as the payload's JSON text, which is what the receiver gets.",
         &MAX_PAYLOAD_BYTES, 1, i32::MAX, Suset, GucFlags::UNIT_BYTE);
@@ -79,6 +83,8 @@ pub struct Settings {
     pub lease: Duration,
     pub max_attempts: i32,
     pub poll_interval: Duration,
+    /// `None`: keep sent events forever.
+    pub retention: Option<Duration>,
 }
 
 impl Settings {
@@ -98,6 +104,7 @@ impl Settings {
             lease: millis(LEASE_MS.get()),
             max_attempts: MAX_ATTEMPTS.get(),
             poll_interval: millis(POLL_INTERVAL_MS.get()),
+            retention: (RETENTION_S.get() > 0).then(|| Duration::from_secs(RETENTION_S.get() as u64)),
         }
     }
 }

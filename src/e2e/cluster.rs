@@ -21,6 +21,7 @@ const CHANGED_SETTINGS: &[&str] = &[
     "outbox.max_attempts",
     "outbox.http_timeout",
     "outbox.poll_interval",
+    "outbox.retention",
 ];
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());

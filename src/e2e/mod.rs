@@ -8,6 +8,7 @@ mod receiver;
 mod consumer;
 mod delivery;
 mod enqueue;
+mod retention;
 mod retries;
 mod settings;
 mod workers;

@@ -16,6 +16,10 @@ use crate::settings::{self, Settings};
 
 /// How long a stopping worker waits for requests in flight before abandoning them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Retention deletes at most this many rows per transaction, and pauses this long once it
+/// has caught up. Only worker 1 runs it; the others only deliver.
+const RETENTION_BATCH: usize = 1_000;
+const RETENTION_PAUSE: Duration = Duration::from_secs(10);
 /// How soon the postmaster restarts a worker that exited with an error.
 const RESTART_AFTER: Duration = Duration::from_secs(5);
 
@@ -68,6 +72,7 @@ impl Relay {
         }
         let mut claim_due = true;
         let mut next_poll = Instant::now();
+        let mut next_cleanup = Instant::now();
         loop {
             if BackgroundWorker::sigterm_received() {
                 break;
@@ -75,16 +80,20 @@ impl Relay {
             if BackgroundWorker::sighup_received() {
                 self.reload();
                 claim_due = true; // the new settings may enable delivery
+                next_cleanup = Instant::now(); // or shorten the retention
             }
             self.record_finished();
             if claim_due && self.claim_limit() > 0 {
                 claim_due = self.claim_and_send();
                 next_poll = Instant::now() + self.settings.poll_interval;
             }
+            if Instant::now() >= next_cleanup {
+                next_cleanup = self.delete_expired();
+            }
             let timeout = if claim_due && self.claim_limit() > 0 {
                 Duration::ZERO
             } else {
-                next_poll.saturating_duration_since(Instant::now())
+                next_poll.min(next_cleanup).saturating_duration_since(Instant::now())
             };
             let wakeup = wake::wait(self.sender.doorbell().fd(), timeout);
             claim_due |= wakeup.latch || Instant::now() >= next_poll;
@@ -185,6 +194,22 @@ impl Relay {
             }
             // The rows keep their lease and are retried when it runs out.
             Err(e) => warning!("outbox_ext relay {}: recording {} attempts failed: {e}", self.number, finished.len()),
+        }
+    }
+
+    /// Deletes one batch of sent events past `outbox.retention`; returns when to run again:
+    /// at once while there is more, after a pause once caught up.
+    fn delete_expired(&mut self) -> Instant {
+        let Some(retention) = self.settings.retention.filter(|_| self.number == 1) else {
+            return Instant::now() + RETENTION_PAUSE;
+        };
+        match queue::delete_sent(retention, RETENTION_BATCH) {
+            Ok(deleted) if deleted == RETENTION_BATCH => Instant::now(),
+            Ok(_) => Instant::now() + RETENTION_PAUSE,
+            Err(e) => {
+                warning!("outbox_ext relay {}: retention delete failed: {e}", self.number);
+                Instant::now() + RETENTION_PAUSE
+            }
         }
     }
 

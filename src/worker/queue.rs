@@ -13,6 +13,7 @@ const FIND_EXTENSION: &str = include_str!("../../sql/find_extension.sql");
 const CLAIM_BATCH: &str = include_str!("../../sql/claim_batch.sql");
 const MARK_SENT: &str = include_str!("../../sql/mark_sent.sql");
 const RECORD_FAILURES: &str = include_str!("../../sql/record_failures.sql");
+const DELETE_SENT: &str = include_str!("../../sql/delete_sent.sql");
 
 /// An event that ran out of attempts with this failure.
 pub struct DeadEvent {
@@ -88,6 +89,16 @@ pub fn record_attempts(finished: &[Attempt], max_attempts: i32) -> Result<Vec<De
                 }
             }
             Ok(dead)
+        })
+    })
+}
+
+/// Deletes up to `limit` events sent longer than `retention` ago; returns how many went.
+pub fn delete_sent(retention: Duration, limit: usize) -> Result<usize, SpiError> {
+    BackgroundWorker::transaction(|| {
+        Spi::connect_mut(|client| {
+            let args = [(retention.as_millis() as i64).into(), (limit as i64).into()];
+            Ok(client.update(DELETE_SENT, None, &args)?.len())
         })
     })
 }
