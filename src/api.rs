@@ -83,13 +83,12 @@ fn insert_event(topic: &str, payload: JsonbArg) -> i64 {
     INSERT_EVENT.with(|cell| {
         Spi::connect_mut(|client| {
             let insert = cell.get_or_init(|| {
-                let schema: String = Spi::get_one(include_str!("../sql/find_extension.sql"))
+                let schema = crate::catalog::extension_schema(client)
                     .ok()
                     .flatten()
-                    .unwrap_or_else(|| "public".to_string());
+                    .unwrap_or_else(|| error!("outbox_enqueue: the outbox_ext extension is not installed in this database"));
                 let sql = format!(
-                    "INSERT INTO {}.outbox (topic, payload) VALUES ($1, $2) RETURNING id",
-                    pgrx::spi::quote_identifier(schema)
+                    "INSERT INTO {schema}.outbox (topic, payload) VALUES ($1, $2) RETURNING id"
                 );
                 client
                     .prepare_mut(sql.as_str(), &[pg_sys::TEXTOID.into(), pg_sys::JSONBOID.into()])

@@ -5,6 +5,7 @@
 use pgrx::prelude::*;
 
 mod api;
+mod catalog;
 mod delivery;
 mod settings;
 mod worker;

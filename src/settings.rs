@@ -75,9 +75,8 @@ pub fn workers() -> usize {
 /// What one pass of the worker loop needs, read on the main thread.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// `None`: deliver nothing (see `idle_reason`).
-    pub target: Option<Arc<Target>>,
-    pub idle_reason: Option<String>,
+    /// Where to deliver, or why the worker delivers nothing.
+    pub target: Result<Arc<Target>, String>,
     pub batch_size: usize,
     pub concurrency: usize,
     pub lease: Duration,
@@ -90,15 +89,13 @@ pub struct Settings {
 impl Settings {
     pub fn read() -> Settings {
         let http_timeout = millis(HTTP_TIMEOUT_MS.get());
-        let (target, idle_reason) =
-            match Target::parse(&string_value(&WEBHOOK_URL), &string_value(&SIGNING_SECRET), http_timeout) {
-                Ok(Some(target)) => (Some(Arc::new(target)), None),
-                Ok(None) => (None, Some("outbox.webhook_url is empty".to_string())),
-                Err(reason) => (None, Some(reason)),
-            };
+        let target = match Target::parse(&string_value(&WEBHOOK_URL), &string_value(&SIGNING_SECRET), http_timeout) {
+            Ok(Some(target)) => Ok(Arc::new(target)),
+            Ok(None) => Err("outbox.webhook_url is empty".to_string()),
+            Err(reason) => Err(reason),
+        };
         Settings {
             target,
-            idle_reason,
             batch_size: BATCH_SIZE.get() as usize,
             concurrency: CONCURRENCY.get() as usize,
             lease: millis(LEASE_MS.get()),

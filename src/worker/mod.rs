@@ -77,7 +77,8 @@ impl Relay {
             if BackgroundWorker::sigterm_received() {
                 break;
             }
-            if BackgroundWorker::sighup_received() {
+            let reloaded = BackgroundWorker::sighup_received();
+            if reloaded {
                 self.reload();
                 claim_due = true; // the new settings may enable delivery
                 next_cleanup = Instant::now(); // or shorten the retention
@@ -86,6 +87,11 @@ impl Relay {
             if claim_due && self.claim_limit() > 0 {
                 claim_due = self.claim_and_send();
                 next_poll = Instant::now() + self.settings.poll_interval;
+            }
+            if reloaded {
+                // Published after the first claim under the new settings: from here on, only a
+                // commit's wakeup or the new poll interval starts a claim.
+                self.note_settings_loaded();
             }
             if Instant::now() >= next_cleanup {
                 next_cleanup = self.delete_expired();
@@ -120,6 +126,7 @@ impl Relay {
             }
             if BackgroundWorker::sighup_received() {
                 self.reload();
+                self.note_settings_loaded();
             }
         }
     }
@@ -127,14 +134,13 @@ impl Relay {
     fn reload(&mut self) {
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         self.settings = Settings::read();
-        self.note_settings_loaded();
     }
 
     /// Publishes when the settings were read, and says once why nothing will be delivered.
     fn note_settings_loaded(&self) {
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         self.slot.settings_loaded_at.store(now, Ordering::Relaxed);
-        if let Some(reason) = &self.settings.idle_reason {
+        if let Err(reason) = &self.settings.target {
             log!("outbox_ext relay {}: not delivering: {reason}", self.number);
         }
     }
@@ -142,7 +148,7 @@ impl Relay {
     /// How many events to claim now: none unless at least half a batch fits in the free
     /// request slots, so that claims stay batched while earlier requests are in flight.
     fn claim_limit(&self) -> usize {
-        if self.settings.target.is_none() {
+        if self.settings.target.is_err() {
             return 0;
         }
         let free = self.settings.concurrency.saturating_sub(self.sender.in_flight());
@@ -157,7 +163,7 @@ impl Relay {
     /// Claims and starts sending; true if the claim came back full (more may be due).
     fn claim_and_send(&mut self) -> bool {
         let limit = self.claim_limit();
-        let Some(target) = self.settings.target.clone() else { return false };
+        let Ok(target) = self.settings.target.clone() else { return false };
         match queue::claim_batch(limit, self.settings.lease) {
             Ok(events) => {
                 let full = events.len() == limit;

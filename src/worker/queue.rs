@@ -9,7 +9,6 @@ use pgrx::spi::SpiError;
 
 use crate::delivery::{retry_delay, Attempt, Event, Outcome};
 
-const FIND_EXTENSION: &str = include_str!("../../sql/find_extension.sql");
 const CLAIM_BATCH: &str = include_str!("../../sql/claim_batch.sql");
 const MARK_SENT: &str = include_str!("../../sql/mark_sent.sql");
 const RECORD_FAILURES: &str = include_str!("../../sql/record_failures.sql");
@@ -27,9 +26,7 @@ pub struct DeadEvent {
 pub fn use_extension_schema() -> Result<bool, SpiError> {
     BackgroundWorker::transaction(|| {
         Spi::connect_mut(|client| {
-            let schema: Option<String> = client.select(FIND_EXTENSION, None, &[])?.first().get_one()?;
-            let Some(schema) = schema else { return Ok(false) };
-            let search_path = pgrx::spi::quote_identifier(&schema);
+            let Some(search_path) = crate::catalog::extension_schema(client)? else { return Ok(false) };
             client.update("SELECT pg_catalog.set_config('search_path', $1, false)", None, &[search_path.into()])?;
             Ok(true)
         })
@@ -55,8 +52,8 @@ pub fn claim_batch(limit: usize, lease: Duration) -> Result<Vec<Event>, SpiError
 /// Writes a group of finished attempts in one transaction: successes get `sent_at`, failures
 /// get `last_error` and their retry time, or `dead_at` at the attempt cap.
 pub fn record_attempts(finished: &[Attempt], max_attempts: i32) -> Result<Vec<DeadEvent>, SpiError> {
-    let sent: Vec<i64> = finished.iter().filter(|a| a.outcome == Outcome::Delivered).map(|a| a.id).collect();
-    let failed: Vec<&Attempt> = finished.iter().filter(|a| a.outcome != Outcome::Delivered).collect();
+    let (sent, failed): (Vec<&Attempt>, Vec<&Attempt>) = finished.iter().partition(|a| a.outcome == Outcome::Delivered);
+    let sent: Vec<i64> = sent.iter().map(|a| a.id).collect();
     BackgroundWorker::transaction(|| {
         Spi::connect_mut(|client| {
             if !sent.is_empty() {

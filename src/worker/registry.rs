@@ -15,7 +15,7 @@ pub struct WorkerSlot {
     /// PGPROC number while the worker runs, NO_PROC otherwise.
     pub procno: AtomicI32,
     pub pid: AtomicI32,
-    /// When the worker last read its settings (PostgreSQL timestamp, microseconds).
+    /// When the worker began working with the settings it last read (PostgreSQL timestamp, µs).
     pub settings_loaded_at: AtomicI64,
     pub in_flight: AtomicI64,
     pub delivered: AtomicI64,
