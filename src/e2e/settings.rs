@@ -11,7 +11,7 @@ fn every_setting_shows_its_unit_context_and_default() {
         rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
     let expected = [
         ("outbox.batch_size", "sighup", "", "100"),
-        ("outbox.concurrency", "sighup", "", "64"),
+        ("outbox.concurrency", "sighup", "", "128"),
         ("outbox.database", "postmaster", "", "pgrx_tests"),
         ("outbox.http_timeout", "sighup", "ms", "10s"),
         ("outbox.lease", "sighup", "ms", "30s"),

@@ -78,3 +78,17 @@ fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_t
     assert_eq!(receiver.deliveries_of(id).len(), 2, "delivered again once the lease ran out");
     wait_until("the worker is back", Duration::from_secs(30), || db.value::<i64>("SELECT count(*) FROM outbox_workers()") == 2);
 }
+
+#[test]
+fn the_workers_report_their_updates_to_the_statistics_autovacuum_reads() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+    let updates = "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'outbox'";
+    let before: i64 = db.value(updates);
+
+    let id = db.enqueue("counted", "{}");
+    wait_until("the event is sent", Duration::from_secs(10), || db.is_sent(id));
+    // A claim and an acknowledgement: two updates, which only the workers could have made.
+    wait_until("the workers' updates are counted", Duration::from_secs(10), || db.value::<i64>(updates) >= before + 2);
+}

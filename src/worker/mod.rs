@@ -96,6 +96,9 @@ impl Relay {
             if Instant::now() >= next_cleanup {
                 next_cleanup = self.delete_expired();
             }
+            // Background workers must report their table statistics themselves; without this,
+            // autovacuum never learns of the dead rows that claims and acknowledgements leave.
+            unsafe { pg_sys::pgstat_report_stat(false) };
             let timeout = if claim_due && self.claim_limit() > 0 {
                 Duration::ZERO
             } else {

@@ -33,9 +33,13 @@ pub fn use_extension_schema() -> Result<bool, SpiError> {
     })
 }
 
+/// Claims with `synchronous_commit = off`: losing a claim in a crash only makes its rows
+/// claimable again (they were at most in flight), and the next acknowledgement, committed
+/// synchronously, flushes the claim's WAL with its own. One WAL flush per batch is saved.
 pub fn claim_batch(limit: usize, lease: Duration) -> Result<Vec<Event>, SpiError> {
     BackgroundWorker::transaction(|| {
         Spi::connect_mut(|client| {
+            client.update("SET LOCAL synchronous_commit = off", None, &[])?;
             let rows = client.update(CLAIM_BATCH, None, &[(limit as i64).into(), (lease.as_millis() as i64).into()])?;
             rows.map(|row| {
                 Ok(Event {
