@@ -15,3 +15,6 @@ chown postgres "$PGDATA_DIR" 2>/dev/null || true
 runas=()
 [ "$(id -un)" = postgres ] || runas=(--runas postgres)
 cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGDATA_DIR" "$@"
+
+# The fault-injection suite: crashes, restarts, shutdowns and receiver failures under load.
+faults/run.sh

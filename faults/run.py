@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Fault-injection suite: thousands of events, some rolled back, delivered to a receiver on
+127.0.0.1 while a fault hits; then checks that nothing committed was lost and nothing rolled
+back was sent. Prints one Markdown table; exits 1 if any scenario breaks a guarantee.
+
+Run through faults/run.sh, which builds, installs and starts the cluster. Size with
+FAULT_EVENTS (committed events per scenario; rolled-back ones are a quarter of that again)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PG_BIN = "/usr/lib/postgresql/15/bin"
+DATA = os.environ["FAULT_PGDATA"]
+PORT = os.environ["FAULT_PGPORT"]
+RECEIVER_PORT = int(os.environ.get("FAULT_RECEIVER_PORT", "8797"))
+EVENTS = int(os.environ.get("FAULT_EVENTS", "2000"))
+DEADLINE = 180  # seconds any scenario may take to recover
+BASE_SETTINGS = {"lease": "5s", "http_timeout": "4s", "concurrency": "128"}
+
+
+# ---------------------------------------------------------------- the database
+
+def sql(query):
+    out = subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-tA",
+                          "-v", "ON_ERROR_STOP=1", "-c", query],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def pg_ctl(*args):
+    subprocess.run(["sudo", "-u", "postgres", f"{PG_BIN}/pg_ctl", "-D", DATA, *args],
+                   check=True, capture_output=True)
+
+
+def start_server():
+    pg_ctl("-o", f"-p {PORT}", "-l", f"{DATA}/../server.log", "-w", "start")
+
+
+def configure(**settings):
+    """Applies settings and waits until every worker works with them."""
+    for name, value in settings.items():
+        sql(f"ALTER SYSTEM SET outbox.{name} = '{value}'")
+    wait_until("both workers run", lambda: sql("SELECT count(*) FROM outbox_workers()") == "2")
+    before = sql("SELECT clock_timestamp()")
+    sql("SELECT pg_reload_conf()")
+    wait_until("the workers reloaded their settings",
+               lambda: sql(f"SELECT bool_and(settings_loaded_at > '{before}') FROM outbox_workers()") == "t")
+
+
+def worker_pids():
+    pids = sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_ext relay'")
+    return [int(p) for p in pids.split()]
+
+
+def wait_until(what, condition, deadline=DEADLINE):
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            if condition():
+                return
+        except subprocess.CalledProcessError:
+            pass  # the server is restarting or recovering; ask again
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline}s waiting until {what}")
+        time.sleep(0.05)
+
+
+def enqueue_mixed(events):
+    """Enqueues `events` committed events, and one rolled-back event after every fourth, each in
+    its own transaction; the rolled-back ones carry "rolled_back": true."""
+    lines = []
+    for n in range(events):
+        lines.append(f"BEGIN; SELECT outbox_enqueue('fault.test', '{{\"n\": {n}}}'); COMMIT;")
+        if n % 4 == 3:
+            lines.append(f"BEGIN; SELECT outbox_enqueue('fault.test', '{{\"n\": {n}, \"rolled_back\": true}}'); ROLLBACK;")
+    subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-q",
+                    "-o", "/dev/null", "-v", "ON_ERROR_STOP=1"],
+                   input="\n".join(lines), check=True, text=True)
+    return events // 4
+
+
+# ---------------------------------------------------------------- the receiver
+
+class Receiver:
+    """Records every request; answers 204 after `delay` seconds; can be taken down."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.ids = []
+        self.seen = set()
+        self.rolled_back = 0
+        self.active = 0
+        self.delay = 0.0
+        self.down = False
+        self.first_attempt = None  # None, "hang" or "cut": what the first attempt of each event gets
+        self.server = None
+
+    def start(self):
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if receiver.down:  # an outage: drop the connection without an answer
+                    self.close_connection = True
+                    return
+                event_id = int(self.headers["webhook-id"])
+                with receiver.lock:
+                    receiver.active += 1
+                    first = event_id not in receiver.seen
+                    receiver.seen.add(event_id)
+                    receiver.ids.append(event_id)
+                    if json.loads(body)["data"].get("rolled_back"):
+                        receiver.rolled_back += 1
+                try:
+                    if first and receiver.first_attempt == "cut":
+                        # status line and half the headers, then the connection closes
+                        self.wfile.write(b"HTTP/1.1 204 No Content\r\ncontent-le")
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return
+                    if first and receiver.first_attempt == "hang":
+                        time.sleep(5)  # longer than outbox.http_timeout (4 s)
+                    time.sleep(receiver.delay)
+                    self.send_response(204)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                finally:
+                    with receiver.lock:
+                        receiver.active -= 1
+
+            def log_message(self, *args):
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 1024  # hundreds of connections open at once
+
+            def handle_error(self, request, client_address):
+                pass  # clients that give up (timeouts, shutdowns) are part of the test
+
+        self.down = False
+        self.server = Server(("127.0.0.1", RECEIVER_PORT), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        """Connection refused for new connections, open ones dropped at their next request."""
+        self.down = True
+        self.server.shutdown()
+        self.server.server_close()
+
+    def reset(self, delay=0.0, first_attempt=None):
+        with self.lock:
+            self.ids, self.seen, self.rolled_back = [], set(), 0
+            self.delay, self.first_attempt = delay, first_attempt
+
+    def received(self):
+        with self.lock:
+            return len(self.ids)
+
+
+# ---------------------------------------------------------------- scenarios
+
+def kill_a_worker(receiver):
+    receiver.reset(delay=0.05)
+    rolled_back = enqueue_mixed(EVENTS)
+    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
+    assert receiver.active > 0, "requests are in flight when the fault hits"
+    os.kill(worker_pids()[0], signal.SIGKILL)  # the postmaster reinitializes every backend
+    return rolled_back, "kill -9 of a relay worker", None
+
+
+def immediate_stop(receiver):
+    receiver.reset(delay=0.05)
+    rolled_back = enqueue_mixed(EVENTS)
+    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
+    assert receiver.active > 0, "requests are in flight when the fault hits"
+    pg_ctl("-m", "immediate", "stop")
+    start_server()
+    return rolled_back, "pg_ctl stop -m immediate, start", None
+
+
+def fast_shutdown(receiver):
+    receiver.reset(delay=3.5)  # slower than the workers' 3 s shutdown grace: requests are abandoned
+    rolled_back = enqueue_mixed(EVENTS)
+    wait_until("hundreds of requests are in flight", lambda: receiver.active >= 200, deadline=30)
+    in_flight = receiver.active
+    stopping = time.monotonic()
+    pg_ctl("-m", "fast", "stop")  # SIGTERM to every worker, as a deploy does
+    stopped_in = time.monotonic() - stopping
+    assert stopped_in < 5, f"the server took {stopped_in:.1f}s to stop"
+    receiver.delay = 0.0
+    start_server()
+    return rolled_back, f"SIGTERM (fast shutdown) with {in_flight} in flight; server stopped in {stopped_in:.1f} s", None
+
+
+def receiver_outage(receiver):
+    receiver.reset(delay=0.0)
+    receiver.stop()
+    rolled_back = enqueue_mixed(EVENTS)
+    wait_until("attempts are failing", lambda: sql("SELECT count(*) FROM outbox WHERE last_error IS NOT NULL") != "0")
+    time.sleep(5)  # the outage itself: five seconds of refused connections
+    receiver.start()
+    return rolled_back, "receiver refused connections for 5 s", None
+
+
+def hanging_receiver(receiver):
+    events = max(EVENTS // 8, 100)  # each first attempt costs 4 s; fewer events suffice
+    receiver.reset(first_attempt="hang")
+    rolled_back = enqueue_mixed(events)
+    expect = "bool_and(attempts >= 2 AND last_error = 'timeout') FROM outbox"
+    return rolled_back, f"first attempts hang past the 4 s timeout ({events} events)", expect
+
+
+def cut_mid_response(receiver):
+    events = max(EVENTS // 8, 100)
+    receiver.reset(first_attempt="cut")
+    rolled_back = enqueue_mixed(events)
+    expect = "bool_and(attempts >= 2 AND last_error LIKE 'unreachable:%') FROM outbox"
+    return rolled_back, f"first attempts cut mid-response ({events} events)", expect
+
+
+def lease_shorter_than_request(receiver):
+    events = max(EVENTS // 8, 100)
+    configure(lease="1s", concurrency="1000")  # free request slots, so expired leases are claimed again
+    receiver.reset(delay=3.0)  # every request outlives the lease: the row is claimed again meanwhile
+    rolled_back = enqueue_mixed(events)
+    expect = "bool_and(attempts >= 2) FROM outbox"  # claimed again while the first request ran
+    return rolled_back, f"1 s lease, 3 s receiver ({events} events)", expect
+
+
+SCENARIOS = [kill_a_worker, immediate_stop, fast_shutdown, receiver_outage, hanging_receiver, cut_mid_response,
+             lease_shorter_than_request]
+
+
+def run(scenario, receiver):
+    # Start clean: no request of an earlier scenario may still arrive and be counted here.
+    wait_until("no request is in flight", lambda: sql("SELECT coalesce(sum(in_flight), 0) FROM outbox_workers()") == "0")
+    configure(**BASE_SETTINGS)
+    sql("TRUNCATE outbox")
+    started = time.monotonic()
+    rolled_back, fault, expect = scenario(receiver)
+    fault_at = time.monotonic()
+    wait_until("every committed event is sent or dead",
+               lambda: sql("SELECT count(*) FROM outbox WHERE sent_at IS NULL AND dead_at IS NULL") == "0")
+    recovery = time.monotonic() - fault_at
+    committed = set(int(i) for i in sql("SELECT id FROM outbox").split())
+    dead = int(sql("SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL"))
+    with receiver.lock:
+        received = list(receiver.ids)
+        rolled_back_delivered = receiver.rolled_back
+    delivered = set(received)
+    row = {
+        "scenario": scenario.__name__.replace("_", " "),
+        "fault": fault,
+        "committed": len(committed),
+        "rolled back": rolled_back,
+        "delivered": len(delivered & committed),
+        "lost": len(committed - delivered),
+        "rolled back delivered": rolled_back_delivered + len(delivered - committed),
+        "dead": dead,
+        "duplicates": len(received) - len(delivered),
+        "recovery s": f"{recovery:.1f}",
+        "total s": f"{time.monotonic() - started:.1f}",
+    }
+    ok = row["lost"] == 0 and row["rolled back delivered"] == 0 and dead == 0 and len(committed) > 0
+    if expect and sql(f"SELECT {expect}") != "t":
+        raise AssertionError(f"expected {expect}")
+    return row, ok
+
+
+def main():
+    receiver = Receiver()
+    receiver.start()
+    rows, failures = [], []
+    for scenario in SCENARIOS:
+        print(f"== {scenario.__name__}", flush=True)
+        try:
+            row, ok = run(scenario, receiver)
+        except AssertionError as e:
+            failures.append(f"{scenario.__name__}: {e}")
+            continue
+        print("   " + ", ".join(f"{k}: {v}" for k, v in row.items()), flush=True)
+        rows.append(row)
+        if not ok:
+            failures.append(f"{scenario.__name__}: {row}")
+    if rows:
+        keys = list(rows[0])
+        print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+        for row in rows:
+            print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+    for failure in failures:
+        print(f"FAILED {failure}", file=sys.stderr)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
