@@ -6,6 +6,7 @@ back was sent. Prints one Markdown table; exits 1 if any scenario breaks a guara
 Run through faults/run.sh, which builds, installs and starts the cluster. Size with
 FAULT_EVENTS (committed events per scenario; rolled-back ones are a quarter of that again)."""
 
+import http.client
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ BASE_SETTINGS = {"lease": "5s", "http_timeout": "4s", "concurrency": "128"}
 # ---------------------------------------------------------------- the database
 
 def sql(query):
-    out = subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-tA",
+    out = subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-tAq",
                           "-v", "ON_ERROR_STOP=1", "-c", query],
                          check=True, capture_output=True, text=True)
     return out.stdout.strip()
@@ -94,6 +95,8 @@ class Receiver:
         self.lock = threading.Lock()
         self.ids = []
         self.seen = set()
+        self.active_ids = set()
+        self.overlaps = 0
         self.rolled_back = 0
         self.active = 0
         self.delay = 0.0
@@ -115,6 +118,9 @@ class Receiver:
                 event_id = int(self.headers["webhook-id"])
                 with receiver.lock:
                     receiver.active += 1
+                    if event_id in receiver.active_ids:
+                        receiver.overlaps += 1  # the same row delivered twice at the same time
+                    receiver.active_ids.add(event_id)
                     first = event_id not in receiver.seen
                     receiver.seen.add(event_id)
                     receiver.ids.append(event_id)
@@ -136,6 +142,7 @@ class Receiver:
                 finally:
                     with receiver.lock:
                         receiver.active -= 1
+                        receiver.active_ids.discard(event_id)
 
             def log_message(self, *args):
                 pass
@@ -159,7 +166,7 @@ class Receiver:
 
     def reset(self, delay=0.0, first_attempt=None):
         with self.lock:
-            self.ids, self.seen, self.rolled_back = [], set(), 0
+            self.ids, self.seen, self.rolled_back, self.overlaps = [], set(), 0, 0
             self.delay, self.first_attempt = delay, first_attempt
 
     def received(self):
@@ -237,8 +244,87 @@ def lease_shorter_than_request(receiver):
     return rolled_back, f"1 s lease, 3 s receiver ({events} events)", expect
 
 
+CLAIM = open(os.path.join(os.path.dirname(__file__), "..", "sql", "claim_batch.sql")).read()
+
+
+def claim_sql(limit, lease_ms):
+    return "".join(l for l in CLAIM.splitlines(True) if not l.startswith("--")) \
+        .replace("$1", str(limit)).replace("$2", str(lease_ms))
+
+
+def two_replicas(receiver):
+    """Two SQL clients run their own claim loop with the workers' claim statement, deliver what
+    they claimed over HTTP and mark it sent, beside the two workers."""
+    configure(concurrency="8")  # a backlog forms, as it does under load, so every claimer finds rows
+    receiver.reset(delay=0.05)
+    enqueued = threading.Event()
+    delivered_by = [0, 0]
+
+    def replica(index):
+        connection = http.client.HTTPConnection("127.0.0.1", RECEIVER_PORT, timeout=10)
+        while True:
+            rows = [line.split("|", 2) for line in sql(claim_sql(20, 5000)).splitlines() if line]
+            if not rows:
+                if enqueued.is_set() and sql("SELECT count(*) FROM outbox WHERE sent_at IS NULL") == "0":
+                    return
+                continue
+            sent = []
+            for event_id, _attempts, body in rows:
+                connection.request("POST", "/events", body=body,
+                                   headers={"webhook-id": event_id, "content-type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                if 200 <= response.status < 300:
+                    sent.append(event_id)
+            if sent:
+                sql(f"UPDATE outbox SET sent_at = now() WHERE id IN ({','.join(sent)}) AND sent_at IS NULL")
+            delivered_by[index] += len(sent)
+
+    threads = [threading.Thread(target=replica, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    rolled_back = enqueue_mixed(EVENTS)
+    enqueued.set()
+    for thread in threads:
+        thread.join(DEADLINE)
+    workers = sql("SELECT count(*) FROM outbox WHERE claimed_by IN (SELECT pid FROM outbox_workers())")
+    assert receiver.overlaps == 0, f"{receiver.overlaps} rows were delivered twice at the same time"
+    assert min(delivered_by) > 0 and int(workers) > 0, f"replicas {delivered_by}, workers {workers}: all take part"
+    return rolled_back, (f"2 SQL claimers beside the workers (replicas delivered {delivered_by[0]} and "
+                         f"{delivered_by[1]}, workers {workers}; 0 concurrent deliveries of one row)"), None
+
+
+def long_transaction(receiver):
+    """A REPEATABLE READ transaction stays open while ten times the events flow, so vacuum can
+    remove none of the dead row versions they leave."""
+    receiver.reset()
+
+    def empty_claim_ms():
+        plan = sql(f"BEGIN; EXPLAIN ANALYZE {claim_sql(100, 30000)}; ROLLBACK")
+        return float(plan.split("Execution Time: ")[1].split()[0])
+
+    before = empty_claim_ms()
+    holder = subprocess.Popen(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-q"],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    holder.stdin.write("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox;\n")
+    holder.stdin.flush()
+    wait_until("the transaction holds its snapshot",
+               lambda: sql("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'") == "1")
+    opened = time.monotonic()
+    rolled_back = enqueue_mixed(EVENTS * 10)
+    wait_until("everything is delivered with the transaction still open",
+               lambda: sql("SELECT count(*) FROM outbox WHERE sent_at IS NULL") == "0")
+    after = empty_claim_ms()
+    held = time.monotonic() - opened
+    holder.stdin.write("COMMIT;\n")
+    holder.stdin.close()
+    holder.wait()
+    return rolled_back, (f"transaction open {held:.0f} s across {EVENTS * 10} events; "
+                         f"claim on an empty queue {before:.2f} ms before, {after:.2f} ms after"), None
+
+
 SCENARIOS = [kill_a_worker, immediate_stop, fast_shutdown, receiver_outage, hanging_receiver, cut_mid_response,
-             lease_shorter_than_request]
+             lease_shorter_than_request, two_replicas, long_transaction]
 
 
 def run(scenario, receiver):
@@ -281,7 +367,8 @@ def main():
     receiver = Receiver()
     receiver.start()
     rows, failures = [], []
-    for scenario in SCENARIOS:
+    only = os.environ.get("FAULT_ONLY")  # run one scenario by name, e.g. FAULT_ONLY=two_replicas
+    for scenario in [s for s in SCENARIOS if not only or s.__name__ == only]:
         print(f"== {scenario.__name__}", flush=True)
         try:
             row, ok = run(scenario, receiver)

@@ -39,7 +39,17 @@ fn bad_input_errors_with_class_22_and_writes_nothing() {
 fn odd_but_valid_events_are_stored_as_given() {
     let mut db = db();
     let nested = format!("{}1{}", "[".repeat(200), "]".repeat(200));
-    for (topic, payload) in [("ünïcödé.tøpic ✓", r#"{"emoji": "📦", "escaped": "a\tb\u00e9"}"#), ("t", "{}"), ("t", nested.as_str()), ("t", "42")] {
+    let long_topic = "t".repeat(10_000);
+    let long_payload = format!(r#"{{"text": "{}"}}"#, "x".repeat(500_000));
+    let cases = [
+        ("ünïcödé.tøpic ✓", r#"{"emoji": "📦", "escaped": "a\tb\u00e9"}"#),
+        ("t", "{}"),
+        ("t", nested.as_str()),
+        ("t", "42"),
+        (long_topic.as_str(), "[]"),
+        ("t", long_payload.as_str()),
+    ];
+    for (topic, payload) in cases {
         let id = db.enqueue(topic, payload);
         let row = db.client.query_one("SELECT topic, payload = $2::text::jsonb FROM outbox WHERE id = $1", &[&id, &payload]).unwrap();
         assert_eq!(row.get::<_, String>(0), topic);

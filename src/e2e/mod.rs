@@ -5,6 +5,7 @@
 pub mod cluster;
 mod receiver;
 
+mod bad_settings;
 mod consumer;
 mod delivery;
 mod enqueue;

@@ -1,0 +1,57 @@
+use std::time::Duration;
+
+use super::cluster::{db, wait_until};
+use super::receiver::{Receiver, Reply};
+
+fn worker_pids(db: &mut super::cluster::Db) -> Vec<i32> {
+    db.client.query("SELECT pid FROM outbox_workers() ORDER BY worker", &[]).unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+#[test]
+fn unusable_settings_deliver_nothing_lose_nothing_and_crash_nothing() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    let pids = worker_pids(&mut db);
+    let mut ids = Vec::new();
+    for (name, value) in [
+        ("outbox.webhook_url", "not a url"),
+        ("outbox.webhook_url", "ftp://127.0.0.1/events"),
+        ("outbox.signing_secret", "no-prefix-secret"),
+        ("outbox.signing_secret", "whsec_***not base64***"),
+    ] {
+        let mut settings = vec![(name, value)];
+        if name == "outbox.signing_secret" {
+            settings.push(("outbox.webhook_url", receiver.url.as_str()));
+        }
+        db.configure(&settings);
+        ids.push(db.enqueue("kept", "{}")); // its commit wakes the workers
+        db.execute("ALTER SYSTEM RESET outbox.signing_secret");
+    }
+    assert_eq!(worker_pids(&mut db), pids, "no worker crashed or restarted");
+
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+    wait_until("everything kept is delivered once the settings are fixed", Duration::from_secs(10), || {
+        db.count("sent_at IS NULL") == 0
+    });
+    for id in ids {
+        // A claim under the unusable settings would have counted an attempt (and leased the
+        // row for 30 s, past the wait above).
+        assert_eq!(db.value::<i32>(&format!("SELECT attempts FROM outbox WHERE id = {id}")), 1, "claimed only once fixed");
+        assert_eq!(receiver.deliveries_of(id).len(), 1);
+    }
+}
+
+#[test]
+fn an_unreachable_receiver_is_retried_with_a_readable_error() {
+    let mut db = db();
+    // A port nobody listens on: bind one, learn its number, close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    db.configure(&[("outbox.webhook_url", &format!("http://127.0.0.1:{port}/events"))]);
+    let id = db.enqueue("unreachable", "{}");
+    wait_until("the failed attempt is recorded", Duration::from_secs(10), || {
+        db.count(&format!("id = {id} AND last_error IS NOT NULL")) == 1
+    });
+    let error: String = db.value(&format!("SELECT last_error FROM outbox WHERE id = {id}"));
+    assert!(error.starts_with("unreachable: ") && error.to_lowercase().contains("connect"), "{error}");
+    assert_eq!(db.count(&format!("id = {id} AND dead_at IS NULL AND sent_at IS NULL")), 1, "it waits for a retry");
+}
