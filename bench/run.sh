@@ -5,14 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/setup.sh
-for pkg in nginx-light wrk; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="${missing:-} $pkg"
-done
-if [ -n "${missing:-}" ]; then
-  echo "bench: installing$missing"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
-fi
+scripts/setup.sh nginx-light wrk
 . scripts/cluster.sh
 install_extension
 

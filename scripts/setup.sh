@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Installs everything the demo, the tests and the benchmark need on a fresh Debian 12 machine.
-# Idempotent: each step checks before it acts, so a second run takes seconds.
+# Installs everything the demo, the tests and the benchmark need on a fresh Debian 12 machine;
+# extra Debian packages can be named as arguments. Idempotent: each step checks before it acts,
+# so a second run takes seconds.
 set -euo pipefail
 
 PG_MAJOR=15
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
-APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config libssl-dev sudo)
+APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config libssl-dev sudo "$@")
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
