@@ -249,7 +249,7 @@ CLAIM = open(os.path.join(os.path.dirname(__file__), "..", "sql", "claim_batch.s
 
 def claim_sql(limit, lease_ms):
     return "".join(l for l in CLAIM.splitlines(True) if not l.startswith("--")) \
-        .replace("$1", str(limit)).replace("$2", str(lease_ms))
+        .replace("$1", str(limit)).replace("$2", str(lease_ms)).replace("@extschema@", "public")
 
 
 def two_replicas(receiver):

@@ -15,6 +15,19 @@ install_extension() {
   local sudo_flag=()
   [ "$(id -u)" = 0 ] || sudo_flag=(--sudo)
   cargo pgrx install --release "${sudo_flag[@]}" --pg-config "$PG_BIN/pg_config" >/dev/null
+  install_released_scripts
+}
+
+# cargo pgrx installs the current version's script and the update scripts; the install
+# scripts of released versions (sql/outbox_ext--X.Y.Z.sql, frozen) are copied here, so that
+# CREATE EXTENSION outbox_ext VERSION 'X.Y.Z' works and the update chain can be tested.
+install_released_scripts() {
+  local dir
+  dir="$("$PG_BIN/pg_config" --sharedir)/extension"
+  for script in sql/outbox_ext--*.sql; do
+    case "$script" in *--*--*) continue ;; esac
+    if [ "$(id -u)" = 0 ]; then install -m 644 "$script" "$dir/"; else sudo install -m 644 "$script" "$dir/"; fi
+  done
 }
 
 start_cluster() {

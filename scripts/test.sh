@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
+. scripts/cluster.sh
+install_released_scripts
 
 # PostgreSQL refuses to run as root, so the test cluster runs as the postgres OS user, in a
 # directory that user can write. pgrx creates the cluster and removes it afterwards.
@@ -14,7 +16,9 @@ chown postgres "$PGDATA_DIR" 2>/dev/null || true
 
 runas=()
 [ "$(id -un)" = postgres ] || runas=(--runas postgres)
-cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGDATA_DIR" "$@"
+# One test at a time: the end-to-end tests share one cluster, and some of them move the
+# extension (DROP / CREATE EXTENSION) while no other test may use it.
+RUST_TEST_THREADS=1 cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGDATA_DIR" "$@"
 
 # The fault-injection suite: crashes, restarts, shutdowns and receiver failures under load.
 faults/run.sh

@@ -1,11 +1,18 @@
 -- The SQL-only part of the user-facing API. outbox_enqueue() is in src/api.rs, because it
 -- checks a setting and wakes the workers at commit.
+--
+-- Privileges: every function runs as the extension's owner (SECURITY DEFINER) with
+-- search_path pinned to pg_catalog, so a role needs nothing but EXECUTE on a function to use
+-- it, can do nothing through it but what it says, and nothing that role (or anyone) created
+-- can run inside it. EXECUTE is granted to nobody by default: see the README's GRANT recipes.
 
 -- For consumers: call in the transaction that applies the event. True the first time this
 -- consumer sees the id; false for a duplicate, whose effect the caller then skips.
 CREATE FUNCTION outbox_mark_processed(event_id bigint, consumer text DEFAULT 'default')
 RETURNS boolean
 LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
     WITH recorded AS (
         INSERT INTO @extschema@.processed_events (consumer, event_id)
@@ -21,6 +28,8 @@ $$;
 CREATE FUNCTION outbox_requeue(id bigint)
 RETURNS boolean
 LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
     WITH requeued AS (
         UPDATE @extschema@.outbox
@@ -42,6 +51,8 @@ CREATE FUNCTION outbox_stats(
     OUT oldest_pending_age interval)
 LANGUAGE sql
 STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT count(*) FILTER (WHERE sent_at IS NULL AND dead_at IS NULL AND available_at <= now()),
            count(*) FILTER (WHERE sent_at IS NULL AND dead_at IS NULL AND available_at > now()),
@@ -50,3 +61,11 @@ AS $$
            now() - min(created_at) FILTER (WHERE sent_at IS NULL AND dead_at IS NULL)
       FROM @extschema@.outbox
 $$;
+
+-- PostgreSQL lets PUBLIC execute every new function; take that back, for the functions above
+-- and for the two written in Rust.
+REVOKE ALL ON FUNCTION outbox_enqueue(text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_mark_processed(bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_requeue(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_stats() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_workers() FROM PUBLIC;

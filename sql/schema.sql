@@ -38,6 +38,9 @@ CREATE TABLE processed_events (
 
 COMMENT ON TABLE processed_events IS 'Event ids consumers have applied; see outbox_mark_processed().';
 
--- pg_dump keeps the rows of both tables, not only their definitions.
+-- pg_dump keeps the rows of both tables, not only their definitions, and the position of the
+-- id sequence: a restored outbox goes on above every id it ever gave out, so no consumer that
+-- recorded an id in processed_events mistakes a new event for one it applied.
 SELECT pg_catalog.pg_extension_config_dump('outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('processed_events', '');

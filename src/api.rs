@@ -6,16 +6,28 @@ use pgrx::prelude::*;
 use pgrx::spi::OwnedPreparedStatement;
 use pgrx::PgSqlErrorCode::{self, ERRCODE_INVALID_PARAMETER_VALUE, ERRCODE_NULL_VALUE_NOT_ALLOWED};
 
+use crate::catalog::Installation;
 use crate::settings::MAX_PAYLOAD_BYTES;
 use crate::worker::{registry, wake};
 
+/// The longest topic `outbox_enqueue` accepts, in bytes.
+const MAX_TOPIC_BYTES: usize = 255;
+
 /// Enqueues one event in the caller's transaction and returns its id. The workers are woken
 /// when (and only if) the transaction commits.
-#[pg_extern(volatile, parallel_unsafe)]
+///
+/// It runs as the extension's owner with search_path pinned to pg_catalog: a role needs only
+/// EXECUTE on it, and can write nothing but a checked event through it.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
 fn outbox_enqueue(topic: Option<&str>, payload: Option<JsonbArg>) -> i64 {
     let topic = match topic {
         None => reject(ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_enqueue: topic must not be null".into()),
         Some(t) if t.trim().is_empty() => reject(ERRCODE_INVALID_PARAMETER_VALUE, "outbox_enqueue: topic must not be empty".into()),
+        Some(t) if t.len() > MAX_TOPIC_BYTES => reject(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("outbox_enqueue: topic is {} bytes, more than {MAX_TOPIC_BYTES}", t.len()),
+        ),
         Some(t) => t,
     };
     let Some(payload) = payload else {
@@ -75,26 +87,33 @@ fn outbox_workers() -> TableIterator<
 
 thread_local! {
     /// The INSERT, planned once per session against the extension's own table, whatever the
-    /// caller's search_path.
-    static INSERT_EVENT: std::cell::OnceCell<OwnedPreparedStatement> = const { std::cell::OnceCell::new() };
+    /// caller's search_path; planned again when the extension was re-created (a new OID),
+    /// perhaps in another schema.
+    static INSERT_EVENT: std::cell::RefCell<Option<(pg_sys::Oid, OwnedPreparedStatement)>> = const { std::cell::RefCell::new(None) };
 }
 
 fn insert_event(topic: &str, payload: JsonbArg) -> i64 {
+    // SAFETY: a catalog lookup by name, inside the caller's transaction.
+    let extension = unsafe { pg_sys::get_extension_oid(c"outbox_ext".as_ptr(), true) };
+    if extension == pg_sys::InvalidOid {
+        error!("outbox_enqueue: the outbox_ext extension is not installed in this database");
+    }
     INSERT_EVENT.with(|cell| {
+        let mut cached = cell.borrow_mut();
         Spi::connect_mut(|client| {
-            let insert = cell.get_or_init(|| {
-                let schema = crate::catalog::extension_schema(client)
+            if cached.as_ref().is_none_or(|(planned_for, _)| *planned_for != extension) {
+                let installation = Installation::find(client)
                     .ok()
                     .flatten()
                     .unwrap_or_else(|| error!("outbox_enqueue: the outbox_ext extension is not installed in this database"));
-                let sql = format!(
-                    "INSERT INTO {schema}.outbox (topic, payload) VALUES ($1, $2) RETURNING id"
-                );
-                client
+                let sql = installation.qualify("INSERT INTO @extschema@.outbox (topic, payload) VALUES ($1, $2) RETURNING id");
+                let insert = client
                     .prepare_mut(sql.as_str(), &[pg_sys::TEXTOID.into(), pg_sys::JSONBOID.into()])
                     .unwrap_or_else(|e| error!("outbox_enqueue: cannot prepare the insert: {e}"))
-                    .keep()
-            });
+                    .keep();
+                *cached = Some((extension, insert));
+            }
+            let (_, insert) = cached.as_ref().expect("planned above");
             let rows = client
                 .update(insert, None, &[topic.into(), payload.into()])
                 .unwrap_or_else(|e| error!("outbox_enqueue: insert failed: {e}"));

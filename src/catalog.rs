@@ -5,8 +5,42 @@ use pgrx::spi::{SpiClient, SpiResult};
 
 const FIND_EXTENSION: &str = include_str!("../sql/find_extension.sql");
 
-/// The extension's schema, quoted for use in SQL; `None` while it is not installed.
-pub fn extension_schema(client: &SpiClient<'_>) -> SpiResult<Option<String>> {
-    let schema: Option<String> = client.select(FIND_EXTENSION, None, &[])?.first().get_one()?;
-    Ok(schema.map(pgrx::spi::quote_identifier))
+/// The library's version: the schema version the workers and `outbox_enqueue` are written for.
+pub const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// An installed outbox_ext in the current database.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Installation {
+    /// The extension's schema, quoted for use in SQL.
+    pub schema: String,
+    /// `pg_extension.extversion`: which version's schema is installed.
+    pub version: String,
+}
+
+impl Installation {
+    /// Looks the extension up; `None` while it is not installed.
+    pub fn find(client: &SpiClient<'_>) -> SpiResult<Option<Installation>> {
+        let rows = client.select(FIND_EXTENSION, Some(1), &[])?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        let (schema, version) = (row.get::<String>(1)?, row.get::<String>(2)?);
+        Ok(Some(Installation {
+            schema: pgrx::spi::quote_identifier(schema.unwrap_or_default()),
+            version: version.unwrap_or_default(),
+        }))
+    }
+
+    /// True when the installed schema is the one this library was built for; otherwise
+    /// `ALTER EXTENSION outbox_ext UPDATE` has yet to run.
+    pub fn is_current(&self) -> bool {
+        self.version == LIBRARY_VERSION
+    }
+
+    /// `sql` with `@extschema@` replaced by the extension's schema, as CREATE EXTENSION does
+    /// for the install scripts.
+    pub fn qualify(&self, sql: &str) -> String {
+        sql.replace("@extschema@", &self.schema)
+    }
 }

@@ -37,9 +37,10 @@ pub fn register() {
     GucRegistry::define_int_guc(c"outbox.workers", c"Relay workers started at server start.",
         c"Each worker claims and delivers events on its own; they share the queue through row locks.",
         &WORKERS, 0, MAX_WORKERS as i32, Postmaster, none);
+    // Superuser-only to read: a URL may carry credentials or a token.
     GucRegistry::define_string_guc(c"outbox.webhook_url", c"URL that events are POSTed to.",
         c"http:// or https://. Empty means the workers claim nothing.",
-        &WEBHOOK_URL, Sighup, none);
+        &WEBHOOK_URL, Sighup, GucFlags::SUPERUSER_ONLY);
     GucRegistry::define_string_guc(c"outbox.signing_secret", c"Standard Webhooks signing secret (whsec_<base64>).",
         c"When set, every delivery carries a webhook-signature header. Empty means unsigned.",
         &SIGNING_SECRET, Sighup, GucFlags::SUPERUSER_ONLY);

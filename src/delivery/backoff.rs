@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 const BASE: Duration = Duration::from_secs(1);
-const CAP: Duration = Duration::from_secs(3600);
+pub const CAP: Duration = Duration::from_secs(3600);
 
-/// Delay before the next attempt of an event that has been tried `attempts` times.
+/// Delay before the next attempt of an event that has been tried `attempts` times; never more
+/// than `CAP`, whatever `retry_after` says.
 ///
 /// `jitter` is a number in `[0, 1)`; the delay is spread over the upper half of the
 /// exponential step ("equal jitter") so that a burst of failures does not retry in lockstep.
@@ -14,7 +15,7 @@ pub fn retry_delay(attempts: i32, retry_after: Option<Duration>, jitter: f64) ->
     let exponent = attempts.saturating_sub(1).clamp(0, 31) as u32;
     let step = BASE.saturating_mul(1u32 << exponent.min(31)).min(CAP);
     let jittered = step.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0));
-    jittered.max(retry_after.unwrap_or(Duration::ZERO))
+    jittered.max(retry_after.unwrap_or(Duration::ZERO)).min(CAP)
 }
 
 #[cfg(test)]
@@ -46,6 +47,12 @@ mod tests {
     fn never_sooner_than_retry_after() {
         assert_eq!(retry_delay(1, Some(Duration::from_secs(120)), 0.0), Duration::from_secs(120));
         assert_eq!(retry_delay(5, Some(Duration::from_secs(1)), 1.0), Duration::from_secs(16));
+    }
+
+    #[test]
+    fn a_retry_after_beyond_the_cap_waits_the_cap() {
+        assert_eq!(retry_delay(1, Some(Duration::MAX), 0.0), CAP);
+        assert_eq!(retry_delay(1, Some(Duration::from_secs(u64::MAX)), 1.0), CAP);
     }
 
     #[test]

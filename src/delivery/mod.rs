@@ -4,6 +4,8 @@
 mod backoff;
 mod doorbell;
 mod outcome;
+#[cfg(test)]
+mod properties;
 mod sender;
 mod signing;
 
@@ -11,11 +13,14 @@ use std::time::Duration;
 
 pub use backoff::retry_delay;
 pub use doorbell::Doorbell;
-pub use outcome::Outcome;
+pub use outcome::{one_line, Outcome, MAX_ERROR_BYTES};
 pub use sender::Sender;
 pub use signing::SigningKey;
 
 pub const USER_AGENT: &str = concat!("outbox_ext/", env!("CARGO_PKG_VERSION"));
+
+/// The longest URL the workers accept.
+pub const MAX_URL_BYTES: usize = 2048;
 
 /// A claimed event, ready to send. `body` is the delivery envelope, built by the claim query.
 #[derive(Debug, Clone)]
@@ -43,14 +48,17 @@ pub struct Target {
 }
 
 impl Target {
-    /// `Ok(None)` when no URL is configured; `Err` says what is wrong with the settings.
+    /// `Ok(None)` when no URL is configured; `Err` says what is wrong with the settings. The
+    /// explanation never repeats the URL or the secret: either may hold credentials.
     pub fn parse(url: &str, secret: &str, timeout: Duration) -> Result<Option<Target>, String> {
         let url = url.trim();
         if url.is_empty() {
             return Ok(None);
         }
-        let url = reqwest::Url::parse(url)
-            .map_err(|e| format!("outbox.webhook_url {url:?} is not a valid URL ({e})"))?;
+        if url.len() > MAX_URL_BYTES {
+            return Err(format!("outbox.webhook_url is {} bytes long, more than {MAX_URL_BYTES}", url.len()));
+        }
+        let url = reqwest::Url::parse(url).map_err(|e| format!("outbox.webhook_url is not a valid URL ({e})"))?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(format!("outbox.webhook_url must be http:// or https://, not {}://", url.scheme()));
         }
@@ -95,6 +103,19 @@ mod tests {
         assert!(Target::parse("not a url", "", t).unwrap_err().contains("not a valid URL"));
         assert!(Target::parse("ftp://127.0.0.1/x", "", t).unwrap_err().contains("http:// or https://"));
         assert!(Target::parse("http://127.0.0.1/x", "secret", t).unwrap_err().contains("signing_secret"));
+        let long = format!("http://127.0.0.1/{}", "x".repeat(MAX_URL_BYTES));
+        assert!(Target::parse(&long, "", t).unwrap_err().contains("more than 2048"));
+    }
+
+    #[test]
+    fn explanations_never_repeat_credentials() {
+        let t = Duration::from_secs(1);
+        for url in ["http://user:hunter2@[::1/?token=hunter2", "ftp://user:hunter2@127.0.0.1/?token=hunter2"] {
+            let error = Target::parse(url, "", t).unwrap_err();
+            assert!(!error.contains("hunter2"), "{error}");
+        }
+        let error = Target::parse("http://127.0.0.1/x", "whsec_hunter2!!", t).unwrap_err();
+        assert!(!error.contains("hunter2"), "{error}");
     }
 
     #[test]

@@ -2,11 +2,17 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::backoff::CAP;
+
+/// `outbox.last_error` keeps at most this many bytes of what an attempt saw.
+pub const MAX_ERROR_BYTES: usize = 1024;
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// The receiver answered 2xx: the event counts as sent.
     Delivered,
-    /// The receiver answered something else (redirects are not followed).
+    /// The receiver answered something else (redirects are not followed), or a status no
+    /// HTTP version defines (hyper accepts 100–999).
     Rejected { status: u16, retry_after: Option<Duration> },
     /// No complete answer within `outbox.http_timeout`.
     TimedOut,
@@ -23,9 +29,10 @@ impl Outcome {
         }
     }
 
-    /// The text stored in `outbox.last_error`; `None` for a success.
+    /// The text stored in `outbox.last_error`: one line of at most `MAX_ERROR_BYTES` without
+    /// control characters, whatever the receiver or the network said; `None` for a success.
     pub fn last_error(&self) -> Option<String> {
-        match self {
+        let text = match self {
             Outcome::Delivered => None,
             Outcome::Rejected { status, retry_after: None } => Some(format!("HTTP {status}")),
             Outcome::Rejected { status, retry_after: Some(after) } => {
@@ -33,7 +40,8 @@ impl Outcome {
             }
             Outcome::TimedOut => Some("timeout".to_string()),
             Outcome::Unreachable(reason) => Some(format!("unreachable: {reason}")),
-        }
+        };
+        text.map(|t| one_line(&t, MAX_ERROR_BYTES))
     }
 
     /// The earliest retry the receiver asked for, if it asked.
@@ -45,14 +53,31 @@ impl Outcome {
     }
 }
 
-/// `Retry-After` is either delay-seconds or an HTTP date (RFC 9110 §10.2.3).
-fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+/// `Retry-After` is either delay-seconds or an HTTP date (RFC 9110 §10.2.3). Whatever it
+/// says, the delay is at most the backoff's cap (an hour); anything else is ignored.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Too many digits for a u64 is still "later than the cap".
+        let seconds = value.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(seconds).min(CAP));
     }
     let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO).min(CAP))
+}
+
+/// `text` as one printable line of at most `max_bytes`: control characters (newlines too)
+/// become spaces, so that nothing a receiver sends can forge a log line, and a cut never
+/// splits a character.
+pub fn one_line(text: &str, max_bytes: usize) -> String {
+    let mut line = String::with_capacity(text.len().min(max_bytes));
+    for c in text.chars().map(|c| if c.is_control() { ' ' } else { c }) {
+        if line.len() + c.len_utf8() > max_bytes {
+            break;
+        }
+        line.push(c);
+    }
+    line
 }
 
 #[cfg(test)]
@@ -96,8 +121,33 @@ mod tests {
 
     #[test]
     fn unparseable_retry_after_is_ignored() {
-        assert_eq!(Outcome::from_status(429, Some("soon"), now()).retry_after(), None);
-        assert_eq!(Outcome::from_status(429, Some("-5"), now()).retry_after(), None);
+        for garbage in ["soon", "-5", "1e308", "3.5", "", " ", "0x10", "+7", "\u{1}"] {
+            assert_eq!(Outcome::from_status(429, Some(garbage), now()).retry_after(), None, "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn retry_after_is_never_more_than_an_hour() {
+        let hour = Some(Duration::from_secs(3600));
+        for far in ["99999999999999", "3601", "184467440737095516150000", "Fri, 31 Dec 9999 23:59:59 GMT"] {
+            assert_eq!(Outcome::from_status(503, Some(far), now()).retry_after(), hour, "{far:?}");
+        }
+        assert_eq!(Outcome::from_status(503, Some("99999999999999"), now()).last_error().unwrap(), "HTTP 503 (Retry-After 3600s)");
+    }
+
+    #[test]
+    fn statuses_outside_the_usual_range_are_rejections() {
+        for status in [0, 1, 99, 600, 999, u16::MAX] {
+            assert_eq!(Outcome::from_status(status, None, now()).last_error().unwrap(), format!("HTTP {status}"));
+        }
+    }
+
+    #[test]
+    fn errors_are_one_short_printable_line() {
+        let error = Outcome::Unreachable(format!("line one\nline two\r\u{0}{}", "é".repeat(2000))).last_error().unwrap();
+        assert!(error.len() <= MAX_ERROR_BYTES, "{} bytes", error.len());
+        assert!(error.starts_with("unreachable: line one line two  "), "{error}");
+        assert!(!error.chars().any(char::is_control));
     }
 
     #[test]

@@ -80,23 +80,37 @@ impl Sender {
     }
 }
 
+/// The most of a response body a worker reads: enough to reuse the connection after a normal
+/// answer, never enough for a receiver to fill the worker's memory.
+const MAX_BODY_BYTES: usize = 64 * 1024;
+
 async fn post(client: &reqwest::Client, target: &Target, event: &Event) -> Outcome {
     let timestamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     let mut request = client.post(target.url.clone()).timeout(target.timeout);
     for (name, value) in target.headers(event, timestamp) {
         request = request.header(name, value);
     }
-    let response = match request.body(event.body.clone()).send().await {
+    let mut response = match request.body(event.body.clone()).send().await {
         Ok(response) => response,
         Err(e) => return transport_failure(e),
     };
     let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok());
     let outcome = Outcome::from_status(response.status().as_u16(), retry_after, SystemTime::now());
-    // Read the answer to its end: a connection cut mid-response is a failed attempt, and a
-    // fully read response lets the connection go back to the pool.
-    match response.bytes().await {
-        Ok(_) => outcome,
-        Err(e) => transport_failure(e),
+    // Read the answer to its end (up to MAX_BODY_BYTES, within the request's timeout): a
+    // connection cut mid-response is a failed attempt, and a fully read response lets the
+    // connection go back to the pool. A longer body is left unread and its connection closed.
+    let mut read = 0;
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                read += chunk.len();
+                if read > MAX_BODY_BYTES {
+                    return outcome;
+                }
+            }
+            Ok(None) => return outcome,
+            Err(e) => return transport_failure(e),
+        }
     }
 }
 
@@ -104,7 +118,9 @@ fn transport_failure(error: reqwest::Error) -> Outcome {
     if error.is_timeout() {
         return Outcome::TimedOut;
     }
-    // reqwest's own message names only the URL; the cause is further down the chain.
+    // reqwest's own message names the URL, which may carry credentials: drop it. The cause is
+    // further down the chain.
+    let error = error.without_url();
     let mut reason = error.to_string();
     let mut source = std::error::Error::source(&error);
     while let Some(cause) = source {

@@ -3,15 +3,11 @@ use std::time::Duration;
 use super::cluster::{db, wait_until};
 use super::receiver::{Receiver, Reply};
 
-fn worker_pids(db: &mut super::cluster::Db) -> Vec<i32> {
-    db.client.query("SELECT pid FROM outbox_workers() ORDER BY worker", &[]).unwrap().iter().map(|r| r.get(0)).collect()
-}
-
 #[test]
 fn unusable_settings_deliver_nothing_lose_nothing_and_crash_nothing() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Status(204));
-    let pids = worker_pids(&mut db);
+    let pids = db.worker_pids();
     let mut ids = Vec::new();
     for (name, value) in [
         ("outbox.webhook_url", "not a url"),
@@ -27,7 +23,7 @@ fn unusable_settings_deliver_nothing_lose_nothing_and_crash_nothing() {
         ids.push(db.enqueue("kept", "{}")); // its commit wakes the workers
         db.execute("ALTER SYSTEM RESET outbox.signing_secret");
     }
-    assert_eq!(worker_pids(&mut db), pids, "no worker crashed or restarted");
+    assert_eq!(db.worker_pids(), pids, "no worker crashed or restarted");
 
     db.configure(&[("outbox.webhook_url", &receiver.url)]);
     wait_until("everything kept is delivered once the settings are fixed", Duration::from_secs(10), || {

@@ -22,6 +22,7 @@ const CHANGED_SETTINGS: &[&str] = &[
     "outbox.http_timeout",
     "outbox.poll_interval",
     "outbox.retention",
+    "lock_timeout",
 ];
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -32,14 +33,21 @@ pub struct Db {
     _turn: MutexGuard<'static, ()>,
 }
 
-/// Boots the cluster if needed, waits for this test's turn, and resets the outbox and the
-/// settings to their defaults.
+/// Waits for this test's turn, boots the cluster if needed, and resets the outbox and the
+/// settings to their defaults, with the extension installed in `public`.
 pub fn db() -> Db {
-    pgrx_tests::run_test("enqueue_returns_the_new_row_id", None, POSTGRESQL_CONF.to_vec()).expect("test cluster");
     // A test that failed while holding the lock poisons it; the state is reset below anyway.
     let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    static BOOT: std::sync::Once = std::sync::Once::new();
+    BOOT.call_once(|| {
+        pgrx_tests::run_test("enqueue_returns_the_new_row_id", None, POSTGRESQL_CONF.to_vec()).expect("test cluster");
+    });
     let (client, _) = pgrx_tests::client().expect("connect to the test cluster");
     let mut db = Db { client, _turn: turn };
+    // A test that moves the extension puts it back; this covers one that failed midway.
+    if db.value::<String>("SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'outbox_ext'") != "public" {
+        db.execute("DROP EXTENSION outbox_ext CASCADE; CREATE EXTENSION outbox_ext SCHEMA public");
+    }
     for name in CHANGED_SETTINGS {
         db.execute(&format!("ALTER SYSTEM RESET {name}"));
     }
@@ -55,6 +63,36 @@ impl Db {
 
     pub fn value<T: for<'a> postgres::types::FromSql<'a>>(&mut self, sql: &str) -> T {
         self.client.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+    }
+
+    /// The rows of a one-column query.
+    pub fn column<T: for<'a> postgres::types::FromSql<'a>>(&mut self, sql: &str) -> Vec<T> {
+        self.client.query(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).iter().map(|row| row.get(0)).collect()
+    }
+
+    /// Runs `sql` as `role` (SET ROLE), and returns to the superuser whatever happens.
+    pub fn as_role(&mut self, role: &str, sql: &str) -> Result<Vec<postgres::Row>, postgres::Error> {
+        self.execute(&format!("SET ROLE {role}"));
+        let result = self.client.query(sql, &[]);
+        self.execute("RESET ROLE");
+        result
+    }
+
+    /// A new login role named `name`, dropped first (with what it owns) if it exists.
+    pub fn fresh_role(&mut self, name: &str) {
+        self.execute(&format!(
+            "DO $$ BEGIN
+               IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') THEN
+                 EXECUTE 'DROP OWNED BY {name}'; EXECUTE 'DROP ROLE {name}';
+               END IF;
+             END $$;
+             CREATE ROLE {name} LOGIN"
+        ));
+    }
+
+    /// Process ids of the running relay workers, by worker number.
+    pub fn worker_pids(&mut self) -> Vec<i32> {
+        self.column("SELECT pid FROM outbox_workers() ORDER BY worker")
     }
 
     pub fn enqueue(&mut self, topic: &str, payload: &str) -> i64 {

@@ -2,7 +2,9 @@ use std::time::Duration;
 
 use super::cluster::{db, wait_until};
 use super::receiver::{Receiver, Reply};
+use crate::catalog::{Installation, LIBRARY_VERSION};
 use crate::delivery::SigningKey;
+use crate::worker::Queries;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -54,8 +56,9 @@ fn claims_are_served_by_the_partial_index() {
          INSERT INTO outbox (topic, payload) SELECT 'pending', '{}' FROM generate_series(1, 10);
          ANALYZE outbox",
     );
-    let claim = include_str!("../../sql/claim_batch.sql");
-    db.execute(&format!("BEGIN; PREPARE claim(bigint, bigint) AS {claim}"));
+    let installation = Installation { schema: "public".into(), version: LIBRARY_VERSION.into() };
+    let claim = Queries::new(installation);
+    db.execute(&format!("BEGIN; PREPARE claim(bigint, float8) AS {}", claim.claim_batch_sql()));
     let plan: Vec<String> = db
         .client
         .query("EXPLAIN EXECUTE claim(100, 30000)", &[])

@@ -3,6 +3,7 @@
 
 mod queue;
 pub mod registry;
+mod transaction;
 pub mod wake;
 
 use std::sync::atomic::Ordering;
@@ -11,7 +12,12 @@ use std::time::{Duration, Instant};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::prelude::*;
 
-use crate::delivery::{Outcome, Sender};
+pub use queue::Queries;
+use queue::DeadEvent;
+use transaction::TransactionError;
+
+use crate::catalog::LIBRARY_VERSION;
+use crate::delivery::{one_line, Attempt, Outcome, Sender, MAX_ERROR_BYTES};
 use crate::settings::{self, Settings};
 
 /// How long a stopping worker waits for requests in flight before abandoning them.
@@ -20,6 +26,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// has caught up. Only worker 1 runs it; the others only deliver.
 const RETENTION_BATCH: usize = 1_000;
 const RETENTION_PAUSE: Duration = Duration::from_secs(10);
+/// How soon acknowledgements that could not be recorded are tried again.
+const ACK_RETRY: Duration = Duration::from_millis(500);
 /// How soon the postmaster restarts a worker that exited with an error.
 const RESTART_AFTER: Duration = Duration::from_secs(5);
 
@@ -39,21 +47,20 @@ pub fn register_workers() {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
+    // SAFETY: the postmaster passes the int4 datum set in register_workers.
     let number = unsafe { i32::from_datum(arg, false) }.unwrap_or(1) as usize;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
-    let sender = match Sender::new() {
-        Ok(sender) => sender,
-        Err(e) => error!("outbox_ext relay {number}: {e}"),
-    };
+    let sender = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {number}: {e}"));
     let slot = registry::claim_slot(number);
-    let mut relay = Relay { number, slot, settings: Settings::read(), sender };
+    let mut relay = Relay { number, slot, settings: Settings::read(), sender, unrecorded_acks: Vec::new() };
     relay.note_settings_loaded();
     relay.run();
     registry::release_slot(slot);
     relay.sender.abandon();
     // Exit code 1 so that the postmaster restarts a worker stopped on its own (e.g. by
     // pg_terminate_backend); during a server shutdown nothing is restarted anyway.
+    // SAFETY: no transaction is open; proc_exit runs PostgreSQL's exit callbacks.
     unsafe { pg_sys::proc_exit(1) };
 }
 
@@ -62,70 +69,67 @@ struct Relay {
     slot: &'static registry::WorkerSlot,
     settings: Settings,
     sender: Sender,
+    /// Ids the receiver acknowledged whose `sent_at` could not be written yet; retried until
+    /// it is, so an acknowledgement is never lost to a failed transaction.
+    unrecorded_acks: Vec<i64>,
+}
+
+/// Why the delivery loop ended.
+enum Stop {
+    Shutdown,
+    /// The extension was dropped, or its schema moved or changed version.
+    ExtensionChanged,
 }
 
 impl Relay {
     fn run(&mut self) {
         log!("outbox_ext relay {} started for database \"{}\"", self.number, settings::database());
-        if !self.wait_for_extension() {
-            return;
+        if let Err(e) = queue::pin_search_path() {
+            error!("outbox_ext relay {}: cannot pin the search_path: {e}", self.number);
         }
-        let mut claim_due = true;
-        let mut next_poll = Instant::now();
-        let mut next_cleanup = Instant::now();
-        loop {
-            if BackgroundWorker::sigterm_received() {
-                break;
+        while let Some(queries) = self.wait_for_extension() {
+            match self.deliver(&queries) {
+                Stop::Shutdown => return,
+                Stop::ExtensionChanged => {
+                    // What is in flight belongs to rows that are gone: drop it unrecorded.
+                    let fresh = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {}: {e}", self.number));
+                    std::mem::replace(&mut self.sender, fresh).abandon();
+                    self.unrecorded_acks.clear();
+                    self.slot.in_flight.store(0, Ordering::Relaxed);
+                    // A reload read in the loop that just ended is in effect from here on.
+                    self.note_settings_loaded();
+                }
             }
-            let reloaded = BackgroundWorker::sighup_received();
-            if reloaded {
-                self.reload();
-                claim_due = true; // the new settings may enable delivery
-                next_cleanup = Instant::now(); // or shorten the retention
-            }
-            self.record_finished();
-            if claim_due && self.claim_limit() > 0 {
-                claim_due = self.claim_and_send();
-                next_poll = Instant::now() + self.settings.poll_interval;
-            }
-            if reloaded {
-                // Published after the first claim under the new settings: from here on, only a
-                // commit's wakeup or the new poll interval starts a claim.
-                self.note_settings_loaded();
-            }
-            if Instant::now() >= next_cleanup {
-                next_cleanup = self.delete_expired();
-            }
-            // Background workers must report their table statistics themselves; without this,
-            // autovacuum never learns of the dead rows that claims and acknowledgements leave.
-            unsafe { pg_sys::pgstat_report_stat(false) };
-            let timeout = if claim_due && self.claim_limit() > 0 {
-                Duration::ZERO
-            } else {
-                next_poll.min(next_cleanup).saturating_duration_since(Instant::now())
-            };
-            let wakeup = wake::wait(self.sender.doorbell().fd(), timeout);
-            claim_due |= wakeup.latch || Instant::now() >= next_poll;
         }
-        self.finish_in_flight();
     }
 
-    /// A preloaded worker starts before anyone ran CREATE EXTENSION; wait for it quietly.
-    fn wait_for_extension(&mut self) -> bool {
-        let mut announced = false;
+    /// A preloaded worker starts before anyone ran CREATE EXTENSION, and an extension can be
+    /// dropped, re-created elsewhere or wait for ALTER EXTENSION UPDATE: wait quietly, saying
+    /// once why. `None` on SIGTERM.
+    fn wait_for_extension(&mut self) -> Option<Queries> {
+        let mut said = String::new();
         loop {
-            match queue::use_extension_schema() {
-                Ok(true) => return true,
-                Ok(false) if !announced => {
-                    log!("outbox_ext relay {}: waiting for CREATE EXTENSION outbox_ext", self.number);
-                    announced = true;
+            let reason = match queue::find_installation() {
+                Ok(Some(installation)) if installation.is_current() => {
+                    if !said.is_empty() {
+                        log!("outbox_ext relay {}: outbox_ext {} found in schema {}", self.number, installation.version, installation.schema);
+                    }
+                    return Some(Queries::new(installation));
                 }
-                Ok(false) => {}
-                Err(e) => warning!("outbox_ext relay {}: cannot look up the extension: {e}", self.number),
+                Ok(Some(installation)) => format!(
+                    "waiting for ALTER EXTENSION outbox_ext UPDATE (its schema is version {}, this library {LIBRARY_VERSION})",
+                    installation.version
+                ),
+                Ok(None) => "waiting for CREATE EXTENSION outbox_ext".to_string(),
+                Err(e) => format!("cannot look up the extension: {e}"),
+            };
+            if reason != said {
+                log!("outbox_ext relay {}: {reason}", self.number);
+                said = reason;
             }
             wake::wait(self.sender.doorbell().fd(), self.settings.poll_interval);
             if BackgroundWorker::sigterm_received() {
-                return false;
+                return None;
             }
             if BackgroundWorker::sighup_received() {
                 self.reload();
@@ -134,13 +138,60 @@ impl Relay {
         }
     }
 
+    /// The loop: record what finished, claim and send, delete what retention expired, wait
+    /// for a commit, a finished request or a timer. Ends on SIGTERM or when the extension
+    /// changes under it.
+    fn deliver(&mut self, queries: &Queries) -> Stop {
+        let mut timers = Timers::new();
+        loop {
+            if BackgroundWorker::sigterm_received() {
+                self.finish_in_flight(queries);
+                return Stop::Shutdown;
+            }
+            let reloaded = BackgroundWorker::sighup_received();
+            if reloaded {
+                self.reload();
+                timers.after_reload();
+            }
+            if let Err(stop) = self.record_finished(queries) {
+                return stop;
+            }
+            if timers.claim_due && self.claim_limit() > 0 {
+                match self.claim_and_send(queries) {
+                    Ok(full) => timers.after_claim(full, self.settings.poll_interval),
+                    Err(stop) => return stop,
+                }
+            }
+            if reloaded {
+                // Published after the first claim under the new settings: from here on, only a
+                // commit's wakeup or the new poll interval starts a claim.
+                self.note_settings_loaded();
+            }
+            if timers.cleanup_due() {
+                match self.delete_expired(queries) {
+                    Ok(next) => timers.next_cleanup = next,
+                    Err(stop) => return stop,
+                }
+            }
+            // Background workers must report their table statistics themselves; without this,
+            // autovacuum never learns of the dead rows that claims and acknowledgements leave.
+            // SAFETY: main thread, no transaction open.
+            unsafe { pg_sys::pgstat_report_stat(false) };
+            let sleep = timers.sleep(self.claim_limit() > 0, !self.unrecorded_acks.is_empty());
+            let wakeup = wake::wait(self.sender.doorbell().fd(), sleep);
+            timers.after_wait(wakeup.latch, self.settings.poll_interval);
+        }
+    }
+
     fn reload(&mut self) {
+        // SAFETY: main thread, outside a transaction, as PostgreSQL's own SIGHUP handling does.
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         self.settings = Settings::read();
     }
 
     /// Publishes when the settings were read, and says once why nothing will be delivered.
     fn note_settings_loaded(&self) {
+        // SAFETY: reads the clock; no PostgreSQL state involved.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         self.slot.settings_loaded_at.store(now, Ordering::Relaxed);
         if let Err(reason) = &self.settings.target {
@@ -164,71 +215,91 @@ impl Relay {
     }
 
     /// Claims and starts sending; true if the claim came back full (more may be due).
-    fn claim_and_send(&mut self) -> bool {
+    fn claim_and_send(&mut self, queries: &Queries) -> Result<bool, Stop> {
         let limit = self.claim_limit();
-        let Ok(target) = self.settings.target.clone() else { return false };
-        match queue::claim_batch(limit, self.settings.lease) {
+        let Ok(target) = self.settings.target.clone() else { return Ok(false) };
+        match queue::claim_batch(queries, limit, self.settings.lease) {
             Ok(events) => {
                 let full = events.len() == limit;
                 for event in events {
                     self.sender.send(&target, event);
                 }
                 self.slot.in_flight.store(self.sender.in_flight() as i64, Ordering::Relaxed);
-                full
+                Ok(full)
             }
-            Err(e) => {
-                warning!("outbox_ext relay {}: claim failed: {e}", self.number);
-                false
-            }
+            Err(e) => self.failed("claiming events", e, queries).map(|()| false),
         }
     }
 
-    fn record_finished(&mut self) {
+    /// Records every attempt that finished: acknowledgements first, in a transaction of their
+    /// own (kept and retried if it fails), then failures (left to their lease if that fails).
+    fn record_finished(&mut self, queries: &Queries) -> Result<(), Stop> {
         let finished = self.sender.take_finished();
-        if finished.is_empty() {
-            return;
-        }
-        let delivered = finished.iter().filter(|a| a.outcome == Outcome::Delivered).count() as i64;
-        self.slot.delivered.fetch_add(delivered, Ordering::Relaxed);
-        self.slot.failed.fetch_add(finished.len() as i64 - delivered, Ordering::Relaxed);
+        let (delivered, failed): (Vec<&Attempt>, Vec<&Attempt>) =
+            finished.iter().partition(|a| a.outcome == Outcome::Delivered);
+        self.slot.delivered.fetch_add(delivered.len() as i64, Ordering::Relaxed);
+        self.slot.failed.fetch_add(failed.len() as i64, Ordering::Relaxed);
         self.slot.in_flight.store(self.sender.in_flight() as i64, Ordering::Relaxed);
-        match queue::record_attempts(&finished, self.settings.max_attempts) {
-            Ok(dead) => {
-                for event in dead {
-                    warning!(
-                        "outbox_ext: event {} ({}) is dead after {} attempts; last error: {}",
-                        event.id, event.topic, event.attempts, event.last_error
-                    );
+
+        self.unrecorded_acks.extend(delivered.iter().map(|a| a.id));
+        if !self.unrecorded_acks.is_empty() {
+            match queue::mark_sent(queries, &self.unrecorded_acks) {
+                Ok(()) => self.unrecorded_acks.clear(),
+                Err(e) => {
+                    let what = format!("recording {} acknowledgements (kept, tried again)", self.unrecorded_acks.len());
+                    self.failed(&what, e, queries)?;
                 }
             }
-            // The rows keep their lease and are retried when it runs out.
-            Err(e) => warning!("outbox_ext relay {}: recording {} attempts failed: {e}", self.number, finished.len()),
         }
+        if !failed.is_empty() {
+            match queue::record_failures(queries, &failed, self.settings.max_attempts) {
+                Ok(dead) => dead.iter().for_each(warn_dead),
+                Err(e) => {
+                    let what = format!("recording {} failed attempts (their leases will return them)", failed.len());
+                    self.failed(&what, e, queries)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Deletes one batch of sent events past `outbox.retention`; returns when to run again:
     /// at once while there is more, after a pause once caught up.
-    fn delete_expired(&mut self) -> Instant {
+    fn delete_expired(&mut self, queries: &Queries) -> Result<Instant, Stop> {
         let Some(retention) = self.settings.retention.filter(|_| self.number == 1) else {
-            return Instant::now() + RETENTION_PAUSE;
+            return Ok(Instant::now() + RETENTION_PAUSE);
         };
-        match queue::delete_sent(retention, RETENTION_BATCH) {
-            Ok(deleted) if deleted == RETENTION_BATCH => Instant::now(),
-            Ok(_) => Instant::now() + RETENTION_PAUSE,
-            Err(e) => {
-                warning!("outbox_ext relay {}: retention delete failed: {e}", self.number);
-                Instant::now() + RETENTION_PAUSE
+        match queue::delete_sent(queries, retention, RETENTION_BATCH) {
+            Ok(deleted) if deleted == RETENTION_BATCH => Ok(Instant::now()),
+            Ok(_) => Ok(Instant::now() + RETENTION_PAUSE),
+            Err(e) => self.failed("deleting expired events", e, queries).map(|()| Instant::now() + RETENTION_PAUSE),
+        }
+    }
+
+    /// After a statement failed: if the extension is still what the loop started with, log the
+    /// error once and carry on; if it was dropped or changed, say so quietly and stop the loop.
+    fn failed(&self, what: &str, error: TransactionError, queries: &Queries) -> Result<(), Stop> {
+        match queue::find_installation() {
+            Ok(Some(installation)) if installation == queries.installation => {
+                warning!("outbox_ext relay {}: {what} failed: {}", self.number, one_line(&error.to_string(), MAX_ERROR_BYTES));
+                Ok(())
+            }
+            _ => {
+                log!("outbox_ext relay {}: outbox_ext was dropped or changed in this database", self.number);
+                Err(Stop::ExtensionChanged)
             }
         }
     }
 
     /// On SIGTERM: claim nothing more, record what finishes within the grace period, and
     /// leave the rest to lease expiry.
-    fn finish_in_flight(&mut self) {
+    fn finish_in_flight(&mut self, queries: &Queries) {
         let deadline = Instant::now() + SHUTDOWN_GRACE;
-        while self.sender.in_flight() > 0 && Instant::now() < deadline {
-            wake::wait(self.sender.doorbell().fd(), deadline.saturating_duration_since(Instant::now()));
-            self.record_finished();
+        while (self.sender.in_flight() > 0 || !self.unrecorded_acks.is_empty()) && Instant::now() < deadline {
+            wake::wait(self.sender.doorbell().fd(), deadline.saturating_duration_since(Instant::now()).min(ACK_RETRY));
+            if self.record_finished(queries).is_err() {
+                return;
+            }
         }
         let abandoned = self.sender.in_flight();
         if abandoned > 0 {
@@ -236,5 +307,69 @@ impl Relay {
         } else {
             log!("outbox_ext relay {} stopped", self.number);
         }
+    }
+}
+
+fn warn_dead(event: &DeadEvent) {
+    // The topic comes from a caller and the error from a receiver: print them on one line.
+    warning!(
+        "outbox_ext: event {} ({}) is dead after {} attempts; last error: {}",
+        event.id,
+        one_line(&event.topic, 255),
+        event.attempts,
+        event.last_error
+    );
+}
+
+/// When the loop's next claim and retention pass are due.
+struct Timers {
+    /// A commit woke the worker, or the last claim came back full.
+    claim_due: bool,
+    next_poll: Instant,
+    next_cleanup: Instant,
+}
+
+impl Timers {
+    fn new() -> Timers {
+        Timers { claim_due: true, next_poll: Instant::now(), next_cleanup: Instant::now() }
+    }
+
+    /// New settings may enable delivery, or shorten the retention.
+    fn after_reload(&mut self) {
+        self.claim_due = true;
+        self.next_cleanup = Instant::now();
+    }
+
+    fn after_claim(&mut self, full: bool, poll_interval: Duration) {
+        self.claim_due = full;
+        self.next_poll = Instant::now() + poll_interval;
+    }
+
+    fn cleanup_due(&self) -> bool {
+        Instant::now() >= self.next_cleanup
+    }
+
+    /// How long to wait: not at all while a claim is due and possible; else until the next
+    /// poll, retention pass or retry of unrecorded acknowledgements.
+    fn sleep(&self, can_claim: bool, acks_waiting: bool) -> Duration {
+        if self.claim_due && can_claim {
+            return Duration::ZERO;
+        }
+        let now = Instant::now();
+        let mut until = self.next_poll.min(self.next_cleanup);
+        if acks_waiting {
+            until = until.min(now + ACK_RETRY);
+        }
+        until.saturating_duration_since(now)
+    }
+
+    /// A commit's wakeup makes a claim due; so does the poll timer, which then re-arms itself.
+    fn after_wait(&mut self, latch: bool, poll_interval: Duration) {
+        let now = Instant::now();
+        if now >= self.next_poll {
+            self.claim_due = true;
+            self.next_poll = now + poll_interval;
+        }
+        self.claim_due |= latch;
     }
 }

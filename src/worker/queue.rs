@@ -1,18 +1,14 @@
 //! The worker's statements against the outbox table (SPI, main thread only). Each function is
-//! one short transaction; none is open while a request is in flight.
+//! one short transaction; none is open while a request is in flight, and an ERROR in one
+//! comes back as an `Err` (see `transaction`).
 
 use std::time::Duration;
 
-use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
-use pgrx::spi::SpiError;
 
-use crate::delivery::{retry_delay, Attempt, Event, Outcome};
-
-const CLAIM_BATCH: &str = include_str!("../../sql/claim_batch.sql");
-const MARK_SENT: &str = include_str!("../../sql/mark_sent.sql");
-const RECORD_FAILURES: &str = include_str!("../../sql/record_failures.sql");
-const DELETE_SENT: &str = include_str!("../../sql/delete_sent.sql");
+use super::transaction::{self, TransactionError};
+use crate::catalog::Installation;
+use crate::delivery::{retry_delay, Attempt, Event};
 
 /// An event that ran out of attempts with this failure.
 pub struct DeadEvent {
@@ -22,25 +18,59 @@ pub struct DeadEvent {
     pub last_error: String,
 }
 
-/// Points this session's search_path at the extension's schema; false while it is not installed.
-pub fn use_extension_schema() -> Result<bool, SpiError> {
-    BackgroundWorker::transaction(|| {
+/// The worker's statements, with the extension's tables named by their schema.
+pub struct Queries {
+    pub installation: Installation,
+    claim_batch: String,
+    mark_sent: String,
+    record_failures: String,
+    delete_sent: String,
+}
+
+impl Queries {
+    pub fn new(installation: Installation) -> Queries {
+        Queries {
+            claim_batch: installation.qualify(include_str!("../../sql/claim_batch.sql")),
+            mark_sent: installation.qualify(include_str!("../../sql/mark_sent.sql")),
+            record_failures: installation.qualify(include_str!("../../sql/record_failures.sql")),
+            delete_sent: installation.qualify(include_str!("../../sql/delete_sent.sql")),
+            installation,
+        }
+    }
+
+    /// The claim as the workers run it; the EXPLAIN test plans the same text.
+    #[cfg(test)]
+    pub fn claim_batch_sql(&self) -> &str {
+        &self.claim_batch
+    }
+}
+
+/// Pins this session's search_path to pg_catalog: every statement the worker runs then
+/// resolves operators and functions there, and names the extension's tables by schema, so
+/// nothing another role created (in public or in the extension's schema) runs as this worker.
+pub fn pin_search_path() -> Result<(), TransactionError> {
+    transaction::run(|| {
         Spi::connect_mut(|client| {
-            let Some(search_path) = crate::catalog::extension_schema(client)? else { return Ok(false) };
-            client.update("SELECT pg_catalog.set_config('search_path', $1, false)", None, &[search_path.into()])?;
-            Ok(true)
+            client.update("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)", None, &[])?;
+            Ok(())
         })
     })
+}
+
+/// The extension as installed in this database now, or `None`.
+pub fn find_installation() -> Result<Option<Installation>, TransactionError> {
+    transaction::run(|| Spi::connect(|client| Installation::find(&client)))
 }
 
 /// Claims with `synchronous_commit = off`: losing a claim in a crash only makes its rows
 /// claimable again (they were at most in flight), and the next acknowledgement, committed
 /// synchronously, flushes the claim's WAL with its own. One WAL flush per batch is saved.
-pub fn claim_batch(limit: usize, lease: Duration) -> Result<Vec<Event>, SpiError> {
-    BackgroundWorker::transaction(|| {
+pub fn claim_batch(queries: &Queries, limit: usize, lease: Duration) -> Result<Vec<Event>, TransactionError> {
+    transaction::run(|| {
         Spi::connect_mut(|client| {
             client.update("SET LOCAL synchronous_commit = off", None, &[])?;
-            let rows = client.update(CLAIM_BATCH, None, &[(limit as i64).into(), (lease.as_millis() as i64).into()])?;
+            let args = [(limit as i64).into(), millis(lease).into()];
+            let rows = client.update(queries.claim_batch.as_str(), None, &args)?;
             rows.map(|row| {
                 Ok(Event {
                     id: row.get(1)?.unwrap_or_default(),
@@ -53,31 +83,30 @@ pub fn claim_batch(limit: usize, lease: Duration) -> Result<Vec<Event>, SpiError
     })
 }
 
-/// Writes a group of finished attempts in one transaction: successes get `sent_at`, failures
-/// get `last_error` and their retry time, or `dead_at` at the attempt cap.
-pub fn record_attempts(finished: &[Attempt], max_attempts: i32) -> Result<Vec<DeadEvent>, SpiError> {
-    let (sent, failed): (Vec<&Attempt>, Vec<&Attempt>) = finished.iter().partition(|a| a.outcome == Outcome::Delivered);
-    let sent: Vec<i64> = sent.iter().map(|a| a.id).collect();
-    BackgroundWorker::transaction(|| {
+/// Records acknowledged deliveries in a transaction of their own, so that nothing else that
+/// fails can take an acknowledgement with it.
+pub fn mark_sent(queries: &Queries, ids: &[i64]) -> Result<(), TransactionError> {
+    transaction::run(|| {
         Spi::connect_mut(|client| {
-            if !sent.is_empty() {
-                client.update(MARK_SENT, None, &[sent.into()])?;
-            }
-            if failed.is_empty() {
-                return Ok(Vec::new());
-            }
-            let ids: Vec<i64> = failed.iter().map(|a| a.id).collect();
-            let attempts: Vec<i32> = failed.iter().map(|a| a.attempts).collect();
-            let errors: Vec<String> = failed.iter().map(|a| a.outcome.last_error().unwrap_or_default()).collect();
-            let retry_ms: Vec<i64> = failed
-                .iter()
-                .map(|a| retry_delay(a.attempts, a.outcome.retry_after(), fastrand::f64()).as_millis() as i64)
-                .collect();
-            let rows = client.update(
-                RECORD_FAILURES,
-                None,
-                &[ids.into(), attempts.into(), errors.into(), retry_ms.into(), max_attempts.into()],
-            )?;
+            client.update(queries.mark_sent.as_str(), None, &[ids.to_vec().into()])?;
+            Ok(())
+        })
+    })
+}
+
+/// Records failed attempts: `last_error` and the retry time, or `dead_at` at the attempt cap.
+pub fn record_failures(queries: &Queries, failed: &[&Attempt], max_attempts: i32) -> Result<Vec<DeadEvent>, TransactionError> {
+    let ids: Vec<i64> = failed.iter().map(|a| a.id).collect();
+    let attempts: Vec<i32> = failed.iter().map(|a| a.attempts).collect();
+    let errors: Vec<String> = failed.iter().map(|a| a.outcome.last_error().unwrap_or_default()).collect();
+    let retry_ms: Vec<f64> = failed
+        .iter()
+        .map(|a| millis(retry_delay(a.attempts, a.outcome.retry_after(), fastrand::f64())))
+        .collect();
+    transaction::run(|| {
+        Spi::connect_mut(|client| {
+            let args = [ids.into(), attempts.into(), errors.into(), retry_ms.into(), max_attempts.into()];
+            let rows = client.update(queries.record_failures.as_str(), None, &args)?;
             let mut dead = Vec::new();
             for row in rows {
                 if row.get::<bool>(4)?.unwrap_or(false) {
@@ -95,11 +124,16 @@ pub fn record_attempts(finished: &[Attempt], max_attempts: i32) -> Result<Vec<De
 }
 
 /// Deletes up to `limit` events sent longer than `retention` ago; returns how many went.
-pub fn delete_sent(retention: Duration, limit: usize) -> Result<usize, SpiError> {
-    BackgroundWorker::transaction(|| {
+pub fn delete_sent(queries: &Queries, retention: Duration, limit: usize) -> Result<usize, TransactionError> {
+    transaction::run(|| {
         Spi::connect_mut(|client| {
-            let args = [(retention.as_millis() as i64).into(), (limit as i64).into()];
-            Ok(client.update(DELETE_SENT, None, &args)?.len())
+            let args = [millis(retention).into(), (limit as i64).into()];
+            Ok(client.update(queries.delete_sent.as_str(), None, &args)?.len())
         })
     })
+}
+
+/// A duration as float8 milliseconds, the type the statements multiply an interval by.
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
 }

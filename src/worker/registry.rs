@@ -62,14 +62,18 @@ pub fn slots() -> &'static [WorkerSlot] {
     }
 }
 
-/// The calling worker's slot (`number` counts from 1), marked as running.
+/// The calling worker's slot (`number` counts from 1), marked as running, its counters from
+/// zero.
 pub fn claim_slot(number: usize) -> &'static WorkerSlot {
     let slot = &SLOTS.get()[number - 1];
+    slot.in_flight.store(0, Ordering::Relaxed);
+    slot.delivered.store(0, Ordering::Relaxed);
+    slot.failed.store(0, Ordering::Relaxed);
+    // SAFETY: MyProc is this worker's own PGPROC, set up before its main function ran.
     unsafe {
         slot.pid.store(pg_sys::MyProcPid, Ordering::SeqCst);
         slot.procno.store((*pg_sys::MyProc).pgprocno, Ordering::SeqCst);
     }
-    slot.in_flight.store(0, Ordering::Relaxed);
     slot
 }
 

@@ -68,5 +68,8 @@ pub fn wait(doorbell: RawFd, timeout: Duration) -> Wakeup {
     if latch {
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
     }
+    // Absorb what other backends asked of every process, e.g. the barrier DROP DATABASE waits
+    // for: a worker with nothing to deliver runs no statement that would do it otherwise.
+    pg_sys::check_for_interrupts!();
     Wakeup { latch }
 }

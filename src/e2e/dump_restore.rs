@@ -1,0 +1,46 @@
+//! pg_dump and pg_restore keep every row and keep ids growing: a restored outbox never hands
+//! out an id it gave out before, even when retention had deleted the rows that carried it.
+
+use std::process::Command;
+
+use super::cluster::db;
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+#[test]
+fn a_dump_restored_into_a_fresh_database_keeps_rows_and_never_reuses_an_id() {
+    let mut db = db();
+    let kept: Vec<i64> = (0..3).map(|n| db.enqueue("kept", &format!(r#"{{"n": {n}}}"#))).collect();
+    let deleted: Vec<i64> = (0..3).map(|_| db.enqueue("deleted.by.retention", "{}")).collect();
+    db.execute(&format!("SELECT outbox_mark_processed({}, 'billing')", deleted[2]));
+    db.execute("DELETE FROM outbox WHERE topic = 'deleted.by.retention'");
+    let highest_ever = *deleted.iter().max().unwrap();
+
+    let host: String = db.value("SELECT host(inet_server_addr())");
+    let port: String = db.value("SELECT current_setting('port')");
+    let dump = std::env::temp_dir().join(format!("outbox_ext-dump-{}.custom", std::process::id()));
+    let connection = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
+    db.execute("DROP DATABASE IF EXISTS outbox_restored");
+    db.execute("CREATE DATABASE outbox_restored");
+    run(Command::new(format!("{PG_BIN}/pg_dump")).args(connection).args(["-Fc", "-d", "pgrx_tests", "-f"]).arg(&dump));
+    run(Command::new(format!("{PG_BIN}/pg_restore")).args(connection).args(["--exit-on-error", "-d", "outbox_restored"]).arg(&dump));
+    let _ = std::fs::remove_file(&dump);
+
+    let url = format!("host={host} port={port} user=postgres dbname=outbox_restored");
+    let mut restored = postgres::Client::connect(&url, postgres::NoTls).expect("connect to the restored database");
+    let ids: Vec<i64> = restored.query("SELECT id FROM outbox ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(ids, kept, "every row is restored");
+    let processed: i64 = restored.query_one("SELECT count(*) FROM processed_events WHERE consumer = 'billing'", &[]).unwrap().get(0);
+    assert_eq!(processed, 1, "processed_events is restored");
+    let next: i64 = restored.query_one("SELECT outbox_enqueue('after.restore', '{}')", &[]).unwrap().get(0);
+    assert!(next > highest_ever, "the first id after the restore ({next}) is above every id given out before ({highest_ever})");
+    let first_time: bool = restored.query_one("SELECT outbox_mark_processed($1, 'billing')", &[&next]).unwrap().get(0);
+    assert!(first_time, "a consumer does not mistake the new event for one it applied");
+    drop(restored);
+    db.execute("DROP DATABASE outbox_restored");
+}
+
+fn run(command: &mut Command) {
+    let output = command.output().unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(output.status.success(), "{command:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+}

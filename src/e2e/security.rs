@@ -1,0 +1,201 @@
+//! What a hostile or merely unprivileged role can do: nothing it creates runs inside the
+//! workers or the extension's functions, and the GRANT recipes of the README give each role
+//! exactly what it needs.
+
+use std::time::Duration;
+
+use super::cluster::{db, wait_until, Db};
+use super::receiver::{Receiver, Reply};
+
+/// Plants, as the non-superuser `mallory`, objects that would win operator and function
+/// resolution for the workers' statements if they looked beyond pg_catalog: a
+/// `*(bigint, interval)` operator (0.1.0's claim multiplied a bigint by an interval) and a
+/// `json_build_object` overload of the claim's exact argument types. Each records that it ran
+/// and tries to make mallory a superuser.
+fn plant(db: &mut Db, schema: &str) {
+    db.execute(&format!("GRANT USAGE, CREATE ON SCHEMA {schema} TO mallory"));
+    db.execute("SET ROLE mallory");
+    db.execute(&format!(
+        "CREATE FUNCTION {schema}.planted_times(bigint, interval) RETURNS interval LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO public.planted_calls VALUES ('* in {schema}');
+           EXECUTE 'ALTER ROLE mallory SUPERUSER';
+           RETURN $1::float8 * $2;
+         END $$;
+         CREATE OPERATOR {schema}.* (LEFTARG = bigint, RIGHTARG = interval, FUNCTION = {schema}.planted_times);
+         CREATE FUNCTION {schema}.json_build_object(text, text, text, timestamptz, text, jsonb) RETURNS json
+         LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO public.planted_calls VALUES ('json_build_object in {schema}');
+           EXECUTE 'ALTER ROLE mallory SUPERUSER';
+           RETURN pg_catalog.json_build_object($1, $2, $3, $4, $5, $6);
+         END $$;"
+    ));
+    db.execute("RESET ROLE");
+}
+
+/// Claims, acknowledgements, failures, retention and every SQL function, run against planted
+/// objects; asserts that none of them ran.
+fn drive_everything_and_check_nothing_planted_ran(db: &mut Db, receiver: &Receiver) {
+    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.retention", "1h")]);
+    db.execute("INSERT INTO outbox (topic, payload, sent_at) SELECT 'old', '{}', now() - interval '2 hours' FROM generate_series(1, 5)");
+
+    let delivered = db.enqueue("delivered", "{}");
+    wait_until("an event is delivered and acknowledged", Duration::from_secs(20), || db.is_sent(delivered));
+    receiver.set_reply(Reply::Status(500));
+    let failed = db.enqueue("failed", "{}");
+    wait_until("a failed attempt is recorded", Duration::from_secs(20), || {
+        db.count(&format!("id = {failed} AND last_error = 'HTTP 500'")) == 1
+    });
+    wait_until("retention deletes old sent events", Duration::from_secs(20), || db.count("topic = 'old'") == 0);
+    receiver.set_reply(Reply::Status(204));
+    db.execute(&format!(
+        "SELECT outbox_requeue({failed}); SELECT * FROM outbox_stats(); SELECT outbox_mark_processed({delivered}, 'planted');
+         SELECT * FROM outbox_workers()"
+    ));
+    wait_until("the requeued event is delivered", Duration::from_secs(20), || db.is_sent(failed));
+
+    let ran: Vec<String> = db.column("SELECT what FROM public.planted_calls");
+    assert!(ran.is_empty(), "planted objects ran: {ran:?}");
+    assert!(!db.value::<bool>("SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'"), "mallory became a superuser");
+}
+
+#[test]
+fn nothing_a_non_superuser_plants_runs_in_the_workers_or_the_functions() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.fresh_role("mallory");
+    db.execute(
+        "DROP TABLE IF EXISTS public.planted_calls;
+         CREATE TABLE public.planted_calls (what text);
+         GRANT INSERT ON public.planted_calls TO PUBLIC",
+    );
+
+    // The extension in public, as most install it; on PostgreSQL 15 the database owner may
+    // create there.
+    plant(&mut db, "public");
+    drive_everything_and_check_nothing_planted_ran(&mut db, &receiver);
+
+    // The extension in a schema of its own, where mallory may create too, with the planted
+    // objects of public still there. The workers pick the re-created extension up by themselves.
+    let pids = db.worker_pids();
+    db.execute("DROP EXTENSION outbox_ext; DROP SCHEMA IF EXISTS outbox_own CASCADE; CREATE SCHEMA outbox_own");
+    db.execute("CREATE EXTENSION outbox_ext SCHEMA outbox_own; SET search_path = outbox_own, public");
+    plant(&mut db, "outbox_own");
+    drive_everything_and_check_nothing_planted_ran(&mut db, &receiver);
+    assert_eq!(db.worker_pids(), pids, "dropping and re-creating the extension restarted no worker");
+
+    db.execute("DROP EXTENSION outbox_ext; DROP SCHEMA outbox_own CASCADE; RESET search_path; CREATE EXTENSION outbox_ext SCHEMA public");
+    db.execute("DROP TABLE public.planted_calls; DROP OWNED BY mallory");
+}
+
+/// The extension's functions with PUBLIC among the grantees of EXECUTE (a null ACL means the
+/// default, which includes PUBLIC).
+const FUNCTIONS_PUBLIC_MAY_RUN: &str = "
+    SELECT p.oid::regprocedure::text
+      FROM pg_proc AS p
+      JOIN pg_depend AS d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+      JOIN pg_extension AS e ON e.oid = d.refobjid AND e.extname = 'outbox_ext'
+     WHERE p.pronamespace <> 'tests'::regnamespace
+       AND (p.proacl IS NULL OR EXISTS (SELECT FROM aclexplode(p.proacl) AS a WHERE a.grantee = 0))
+     ORDER BY 1";
+
+#[test]
+fn create_extension_grants_nothing_to_public() {
+    let mut db = db();
+    let open: Vec<String> = db.column(FUNCTIONS_PUBLIC_MAY_RUN);
+    assert!(open.is_empty(), "PUBLIC may execute {open:?}");
+    let tables: Vec<String> = db.column(
+        "SELECT c.relname::text FROM pg_class AS c
+          WHERE c.relnamespace = 'public'::regnamespace AND c.relname IN ('outbox', 'outbox_id_seq', 'processed_events')
+            AND EXISTS (SELECT FROM aclexplode(c.relacl) AS a WHERE a.grantee = 0)",
+    );
+    assert!(tables.is_empty(), "PUBLIC has privileges on {tables:?}");
+    db.fresh_role("nobody_special");
+    for call in ["SELECT outbox_enqueue('t', '{}')", "SELECT * FROM outbox_stats()", "SELECT * FROM outbox_workers()"] {
+        let error = db.as_role("nobody_special", call).expect_err("a role with no grants is refused");
+        assert_eq!(error.code().map(|c| c.code()), Some("42501"), "{call}: {error}");
+    }
+}
+
+/// Expects `sql`, run as `role`, to be refused for lack of privilege.
+fn refused(db: &mut Db, role: &str, sql: &str) {
+    let error = db.as_role(role, sql).expect_err(&format!("{role} must not be able to run {sql}"));
+    assert_eq!(error.code().map(|c| c.code()), Some("42501"), "{role}: {sql}: {error}");
+}
+
+#[test]
+fn the_producer_recipe_enqueues_and_can_neither_read_change_nor_forge_rows() {
+    let mut db = db();
+    db.fresh_role("producer");
+    db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO producer"); // the README's recipe
+
+    let id: i64 = db.as_role("producer", "SELECT outbox_enqueue('order.placed', '{\"order_id\": 1}')").unwrap()[0].get(0);
+    assert_eq!(db.count(&format!("id = {id} AND topic = 'order.placed'")), 1);
+    let error = db.as_role("producer", "SELECT outbox_enqueue('', '{}')").expect_err("checks still apply");
+    assert_eq!(error.code().map(|c| c.code()), Some("22023"));
+    for sql in [
+        "SELECT * FROM outbox",
+        "SELECT id FROM outbox",
+        "INSERT INTO outbox (topic, payload, sent_at) VALUES ('forged', '{}', now())",
+        "INSERT INTO outbox (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (1000000, 'forged', '{}')",
+        "UPDATE outbox SET sent_at = now()",
+        "DELETE FROM outbox",
+        "SELECT nextval('outbox_id_seq')",
+        "SELECT * FROM processed_events",
+        "SELECT outbox_mark_processed(1)",
+        "SELECT outbox_requeue(1)",
+        "SELECT * FROM outbox_stats()",
+    ] {
+        refused(&mut db, "producer", sql);
+    }
+}
+
+#[test]
+fn the_consumer_recipe_records_processed_events_and_nothing_else() {
+    let mut db = db();
+    db.fresh_role("consumer");
+    db.execute("GRANT EXECUTE ON FUNCTION outbox_mark_processed(bigint, text) TO consumer");
+
+    let first: bool = db.as_role("consumer", "SELECT outbox_mark_processed(42, 'billing')").unwrap()[0].get(0);
+    let again: bool = db.as_role("consumer", "SELECT outbox_mark_processed(42, 'billing')").unwrap()[0].get(0);
+    assert!(first && !again, "true the first time, false for the duplicate");
+    for sql in [
+        "SELECT * FROM processed_events",
+        "DELETE FROM processed_events",
+        "SELECT outbox_enqueue('t', '{}')",
+        "SELECT * FROM outbox",
+        "SELECT * FROM outbox_stats()",
+    ] {
+        refused(&mut db, "consumer", sql);
+    }
+}
+
+#[test]
+fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
+    let mut db = db();
+    db.fresh_role("operator");
+    db.execute(
+        "GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_workers(), outbox_requeue(bigint) TO operator;
+         GRANT SELECT ON outbox TO operator",
+    );
+    let id = db.enqueue("stuck", "{}");
+    db.execute(&format!("UPDATE outbox SET dead_at = now(), attempts = 10 WHERE id = {id}"));
+
+    let dead: i64 = db.as_role("operator", "SELECT dead FROM outbox_stats()").unwrap()[0].get(0);
+    assert_eq!(dead, 1);
+    assert_eq!(db.as_role("operator", "SELECT * FROM outbox_workers()").unwrap().len(), 2);
+    let error: Option<String> = db.as_role("operator", &format!("SELECT last_error FROM outbox WHERE id = {id}")).unwrap()[0].get(0);
+    assert_eq!(error, None);
+    let requeued: bool = db.as_role("operator", &format!("SELECT outbox_requeue({id})")).unwrap()[0].get(0);
+    assert!(requeued);
+    assert_eq!(db.count(&format!("id = {id} AND dead_at IS NULL AND attempts = 0")), 1);
+    for sql in [
+        "SELECT outbox_enqueue('t', '{}')",
+        "UPDATE outbox SET sent_at = now()",
+        "INSERT INTO outbox (topic, payload) VALUES ('forged', '{}')",
+        "SELECT outbox_mark_processed(1)",
+    ] {
+        refused(&mut db, "operator", sql);
+    }
+}
