@@ -71,7 +71,8 @@ claim=$(sed -e 's/\$1/100/' -e 's/\$2/30000/' -e 's/@extschema@/public/g' sql/cl
 # batch, as a DO block so that pgbench can pass the ids from one statement to the next.
 printf 'DO $$DECLARE ids bigint[]; BEGIN WITH claimed AS (%s) SELECT array_agg(id) INTO ids FROM claimed; %s; END$$;\n' \
   "$(echo "$claim" | tr '\n' ' ' | sed 's/RETURNING id,.*/RETURNING id/')" \
-  "$(grep -v '^--' sql/mark_sent.sql | sed -e 's/\$1/ids/' -e 's/@extschema@/public/g' | tr '\n' ' ')" > "$DIR/claim_mark.sql"
+  "$(grep -v '^--' sql/mark_sent.sql | sed -e 's/\$1/ids/' -e 's/@extschema@/public/g' \
+       -e "s/\\\$2/(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')/" | tr '\n' ' ')" > "$DIR/claim_mark.sql"
 printf 'BEGIN;\n%s;\nROLLBACK;\n' "$(echo "$claim" | tr '\n' ' ')" > "$DIR/claim_only.sql"
 
 echo "== limits (workers idle: outbox.webhook_url is empty)"

@@ -6,6 +6,7 @@ back was sent. Prints one Markdown table; exits 1 if any scenario breaks a guara
 Run through faults/run.sh, which builds, installs and starts the cluster. Size with
 FAULT_EVENTS (committed events per scenario; rolled-back ones are a quarter of that again)."""
 
+import base64
 import http.client
 import json
 import os
@@ -363,10 +364,34 @@ def run(scenario, receiver):
     return row, ok
 
 
+def secrets_stay_out_of_the_log():
+    """Sets a signing secret and a webhook URL carrying a password and a token, reloads, and
+    reads the server log: PostgreSQL logs every changed setting, and neither may appear."""
+    tag = f"{os.getpid()}{int(time.time())}"
+    secret_key = base64.b64encode(f"secret-{tag}".encode()).decode()
+    plain_url = f"http://127.0.0.1:{RECEIVER_PORT}/events"
+    sql(f"ALTER SYSTEM SET outbox.signing_secret = 'whsec_{secret_key}'")
+    configure(webhook_url=f"http://relay:password-{tag}@127.0.0.1:{RECEIVER_PORT}/events?token=token-{tag}")
+    log_path = f"{DATA}/../server.log"
+    wait_until("the reload is logged", lambda: 'parameter "outbox.signing_secret" changed (value hidden)'
+               in subprocess.run(["cat", log_path], capture_output=True, text=True).stdout, deadline=30)
+    log = subprocess.run(["cat", log_path], capture_output=True, text=True).stdout
+    sql("ALTER SYSTEM RESET outbox.signing_secret")
+    configure(webhook_url=plain_url)
+    leaked = [what for what in (secret_key, f"password-{tag}", f"token-{tag}") if what in log]
+    if leaked:
+        raise AssertionError(f"the server log shows {leaked}")
+    print("== secrets stay out of the log: signing secret, URL password and token all absent", flush=True)
+
+
 def main():
     receiver = Receiver()
     receiver.start()
     rows, failures = [], []
+    try:
+        secrets_stay_out_of_the_log()
+    except AssertionError as e:
+        failures.append(f"secrets_stay_out_of_the_log: {e}")
     only = os.environ.get("FAULT_ONLY")  # run one scenario by name, e.g. FAULT_ONLY=two_replicas
     for scenario in [s for s in SCENARIOS if not only or s.__name__ == only]:
         print(f"== {scenario.__name__}", flush=True)

@@ -15,6 +15,8 @@ pub struct Installation {
     pub schema: String,
     /// `pg_extension.extversion`: which version's schema is installed.
     pub version: String,
+    /// `pg_extension.oid`: a new one after DROP and CREATE EXTENSION.
+    pub oid: pgrx::pg_sys::Oid,
 }
 
 impl Installation {
@@ -29,6 +31,7 @@ impl Installation {
         Ok(Some(Installation {
             schema: pgrx::spi::quote_identifier(schema.unwrap_or_default()),
             version: version.unwrap_or_default(),
+            oid: row.get::<pgrx::pg_sys::Oid>(3)?.unwrap_or(pgrx::pg_sys::InvalidOid),
         }))
     }
 

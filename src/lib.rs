@@ -7,6 +7,7 @@ use pgrx::prelude::*;
 mod api;
 mod catalog;
 mod delivery;
+mod redact;
 mod settings;
 mod worker;
 
@@ -41,6 +42,7 @@ pub extern "C-unwind" fn _PG_init() {
     if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
         return;
     }
+    redact::install_log_hook();
     worker::registry::init_shared_memory();
     worker::register_workers();
 }

@@ -56,7 +56,7 @@ fn claims_are_served_by_the_partial_index() {
          INSERT INTO outbox (topic, payload) SELECT 'pending', '{}' FROM generate_series(1, 10);
          ANALYZE outbox",
     );
-    let installation = Installation { schema: "public".into(), version: LIBRARY_VERSION.into() };
+    let installation = Installation { schema: "public".into(), version: LIBRARY_VERSION.into(), oid: pgrx::pg_sys::InvalidOid };
     let claim = Queries::new(installation);
     db.execute(&format!("BEGIN; PREPARE claim(bigint, float8) AS {}", claim.claim_batch_sql()));
     let plan: Vec<String> = db

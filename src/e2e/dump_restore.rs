@@ -15,6 +15,8 @@ fn a_dump_restored_into_a_fresh_database_keeps_rows_and_never_reuses_an_id() {
     db.execute(&format!("SELECT outbox_mark_processed({}, 'billing')", deleted[2]));
     db.execute("DELETE FROM outbox WHERE topic = 'deleted.by.retention'");
     let highest_ever = *deleted.iter().max().unwrap();
+    db.fresh_role("restored_producer");
+    db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO restored_producer");
 
     let host: String = db.value("SELECT host(inet_server_addr())");
     let port: String = db.value("SELECT current_setting('port')");
@@ -36,8 +38,19 @@ fn a_dump_restored_into_a_fresh_database_keeps_rows_and_never_reuses_an_id() {
     assert!(next > highest_ever, "the first id after the restore ({next}) is above every id given out before ({highest_ever})");
     let first_time: bool = restored.query_one("SELECT outbox_mark_processed($1, 'billing')", &[&next]).unwrap().get(0);
     assert!(first_time, "a consumer does not mistake the new event for one it applied");
+    let granted: bool = restored
+        .query_one("SELECT has_function_privilege('restored_producer', 'outbox_enqueue(text, jsonb)', 'EXECUTE')", &[])
+        .unwrap()
+        .get(0);
+    assert!(granted, "a GRANT made after CREATE EXTENSION is restored");
+    let public: bool = restored
+        .query_one("SELECT has_function_privilege('public', 'outbox_enqueue(text, jsonb)', 'EXECUTE')", &[])
+        .unwrap()
+        .get(0);
+    assert!(!public, "PUBLIC still may not enqueue");
     drop(restored);
     db.execute("DROP DATABASE outbox_restored");
+    db.execute("DROP OWNED BY restored_producer; DROP ROLE restored_producer");
 }
 
 fn run(command: &mut Command) {

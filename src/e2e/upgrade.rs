@@ -15,19 +15,23 @@ const DESCRIBE_EXTENSION: &str = "
          WHERE d.deptype = 'e' AND d.refclassid = 'pg_extension'::regclass
     )
     SELECT 'function ' || p.oid::regprocedure || E'\\n' || pg_get_functiondef(p.oid)
-           || E'\\nexecute: ' || coalesce((SELECT string_agg(a.grantee::regrole::text, ',' ORDER BY 1)
+           || E'\\nexecute: ' || coalesce((SELECT string_agg(a.grantee::regrole::text, ',' ORDER BY a.grantee::regrole::text)
                                            FROM aclexplode(p.proacl) AS a
                                           WHERE a.grantee::regrole::text NOT LIKE 'legacy%'), 'PUBLIC (default)')
       FROM members AS m JOIN pg_proc AS p ON m.classid = 'pg_proc'::regclass AND p.oid = m.objid
-     WHERE p.pronamespace <> 'tests'::regnamespace
+     WHERE p.pronamespace::regnamespace::text <> 'tests'
     UNION ALL
-    SELECT 'relation ' || c.oid::regclass || ' kind ' || c.relkind || ' acl ' || coalesce(c.relacl::text, 'default')
+    SELECT 'relation ' || c.oid::regclass || ' kind ' || c.relkind::text
+           || ' granted to others: ' || coalesce((SELECT string_agg(a.grantee::regrole || ' ' || a.privilege_type, ',' ORDER BY a.grantee::regrole || ' ' || a.privilege_type)
+                                                  FROM aclexplode(c.relacl) AS a
+                                                 WHERE a.grantee <> c.relowner
+                                                   AND a.grantee::regrole::text NOT LIKE 'legacy%'), 'nobody')
            || ' comment ' || coalesce(obj_description(c.oid, 'pg_class'), '')
            || coalesce(' index ' || pg_get_indexdef(c.oid), '')
            || coalesce((SELECT string_agg(format(E'\\n  %s %s%s%s%s %s', a.attname, format_type(a.atttypid, a.atttypmod),
                                                  CASE WHEN a.attnotnull THEN ' not null' ELSE '' END,
                                                  coalesce(' default ' || pg_get_expr(ad.adbin, ad.adrelid), ''),
-                                                 CASE WHEN a.attidentity <> '' THEN ' identity ' || a.attidentity ELSE '' END,
+                                                 CASE WHEN a.attidentity <> '' THEN ' identity ' || a.attidentity::text ELSE '' END,
                                                  coalesce(col_description(c.oid, a.attnum), '')), '' ORDER BY a.attnum)
                           FROM pg_attribute AS a
                           LEFT JOIN pg_attrdef AS ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
@@ -37,7 +41,7 @@ const DESCRIBE_EXTENSION: &str = "
     SELECT 'indexes of ' || i.indrelid::regclass || ': ' || pg_get_indexdef(i.indexrelid)
       FROM members AS m JOIN pg_index AS i ON m.classid = 'pg_class'::regclass AND i.indrelid = m.objid
     UNION ALL
-    SELECT 'pg_dump keeps the rows of ' || (SELECT string_agg(c::regclass::text, ', ' ORDER BY 1) FROM unnest(e.extconfig) AS c)
+    SELECT 'pg_dump keeps the rows of ' || (SELECT string_agg(c::regclass::text, ', ' ORDER BY c::regclass::text) FROM unnest(e.extconfig) AS c)
       FROM pg_extension AS e WHERE e.extname = 'outbox_ext'
     ORDER BY 1";
 
@@ -91,8 +95,13 @@ fn updating_from_0_1_0_keeps_every_row_and_ends_as_a_fresh_install() {
     assert_eq!(version, env!("CARGO_PKG_VERSION"));
     let after: String = old.query_one(ALL_ROWS, &[]).unwrap().get(0);
     assert_eq!(after, before, "every row is kept as it was");
+    // The update takes PUBLIC's EXECUTE away; CHANGELOG.md tells the DBA to grant it to each
+    // producer (grants made by an extension script would not survive a dump and restore).
+    let refused = old.batch_execute("SET ROLE legacy_producer; SELECT outbox_enqueue('legacy', '{}')");
+    assert_eq!(refused.expect_err("PUBLIC may no longer enqueue").code().map(|c| c.code()), Some("42501"));
+    old.batch_execute("RESET ROLE; GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO legacy_producer").unwrap();
     old.batch_execute("SET ROLE legacy_producer; SELECT outbox_enqueue('legacy', '{}'); RESET ROLE")
-        .expect("a role that enqueued under 0.1.0 still can");
+        .expect("with the CHANGELOG's GRANT, a role that enqueued under 0.1.0 still can");
     let next: i64 = old.query_one("SELECT outbox_enqueue('after.update', '{}')", &[]).unwrap().get(0);
     assert!(next > 51, "ids go on from where 0.1.0 left them ({next})");
 

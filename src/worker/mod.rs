@@ -28,6 +28,8 @@ const RETENTION_BATCH: usize = 1_000;
 const RETENTION_PAUSE: Duration = Duration::from_secs(10);
 /// How soon acknowledgements that could not be recorded are tried again.
 const ACK_RETRY: Duration = Duration::from_millis(500);
+/// A failure that keeps happening is logged again after this long.
+const REPEAT_WARNING_AFTER: Duration = Duration::from_secs(60);
 /// How soon the postmaster restarts a worker that exited with an error.
 const RESTART_AFTER: Duration = Duration::from_secs(5);
 
@@ -53,7 +55,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
     let sender = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {number}: {e}"));
     let slot = registry::claim_slot(number);
-    let mut relay = Relay { number, slot, settings: Settings::read(), sender, unrecorded_acks: Vec::new() };
+    let mut relay = Relay { number, slot, settings: Settings::read(), sender, unrecorded_acks: Vec::new(), last_warning: None };
     relay.note_settings_loaded();
     relay.run();
     registry::release_slot(slot);
@@ -70,8 +72,11 @@ struct Relay {
     settings: Settings,
     sender: Sender,
     /// Ids the receiver acknowledged whose `sent_at` could not be written yet; retried until
-    /// it is, so an acknowledgement is never lost to a failed transaction.
+    /// it is, so an acknowledgement is never lost to a failed transaction. Nothing new is
+    /// claimed meanwhile.
     unrecorded_acks: Vec<i64>,
+    /// The last failure logged and when: the same failure is logged again only after a while.
+    last_warning: Option<(String, Instant)>,
 }
 
 /// Why the delivery loop ended.
@@ -200,9 +205,10 @@ impl Relay {
     }
 
     /// How many events to claim now: none unless at least half a batch fits in the free
-    /// request slots, so that claims stay batched while earlier requests are in flight.
+    /// request slots, so that claims stay batched while earlier requests are in flight, and
+    /// none while acknowledgements wait to be recorded.
     fn claim_limit(&self) -> usize {
-        if self.settings.target.is_err() {
+        if self.settings.target.is_err() || !self.unrecorded_acks.is_empty() {
             return 0;
         }
         let free = self.settings.concurrency.saturating_sub(self.sender.in_flight());
@@ -276,19 +282,25 @@ impl Relay {
         }
     }
 
-    /// After a statement failed: if the extension is still what the loop started with, log the
-    /// error once and carry on; if it was dropped or changed, say so quietly and stop the loop.
-    fn failed(&self, what: &str, error: TransactionError, queries: &Queries) -> Result<(), Stop> {
+    /// After a statement failed: if the extension was dropped, re-created or updated, say so
+    /// quietly and stop the loop; otherwise (also when even the lookup fails) log the error,
+    /// once per minute while it repeats, and carry on.
+    fn failed(&mut self, what: &str, error: TransactionError, queries: &Queries) -> Result<(), Stop> {
         match queue::find_installation() {
-            Ok(Some(installation)) if installation == queries.installation => {
-                warning!("outbox_ext relay {}: {what} failed: {}", self.number, one_line(&error.to_string(), MAX_ERROR_BYTES));
-                Ok(())
-            }
-            _ => {
+            Ok(Some(installation)) if installation == queries.installation => {}
+            Ok(_) => {
                 log!("outbox_ext relay {}: outbox_ext was dropped or changed in this database", self.number);
-                Err(Stop::ExtensionChanged)
+                return Err(Stop::ExtensionChanged);
             }
+            Err(_) => {}
         }
+        let message = format!("{what} failed: {}", one_line(&error.to_string(), MAX_ERROR_BYTES));
+        let now = Instant::now();
+        if self.last_warning.as_ref().is_none_or(|(said, at)| *said != message || now >= *at + REPEAT_WARNING_AFTER) {
+            warning!("outbox_ext relay {}: {message}", self.number);
+            self.last_warning = Some((message, now));
+        }
+        Ok(())
     }
 
     /// On SIGTERM: claim nothing more, record what finishes within the grace period, and

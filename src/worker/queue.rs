@@ -88,7 +88,7 @@ pub fn claim_batch(queries: &Queries, limit: usize, lease: Duration) -> Result<V
 pub fn mark_sent(queries: &Queries, ids: &[i64]) -> Result<(), TransactionError> {
     transaction::run(|| {
         Spi::connect_mut(|client| {
-            client.update(queries.mark_sent.as_str(), None, &[ids.to_vec().into()])?;
+            client.update(queries.mark_sent.as_str(), None, &[ids.to_vec().into(), queries.installation.oid.into()])?;
             Ok(())
         })
     })
@@ -105,7 +105,7 @@ pub fn record_failures(queries: &Queries, failed: &[&Attempt], max_attempts: i32
         .collect();
     transaction::run(|| {
         Spi::connect_mut(|client| {
-            let args = [ids.into(), attempts.into(), errors.into(), retry_ms.into(), max_attempts.into()];
+            let args = [ids.into(), attempts.into(), errors.into(), retry_ms.into(), max_attempts.into(), queries.installation.oid.into()];
             let rows = client.update(queries.record_failures.as_str(), None, &args)?;
             let mut dead = Vec::new();
             for row in rows {

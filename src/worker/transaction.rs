@@ -23,14 +23,14 @@ pub enum TransactionError {
 /// Runs `body` in its own transaction and commits it; on any error the transaction is rolled
 /// back, nothing of it stays, and the worker carries on.
 pub fn run<T>(body: impl FnOnce() -> Result<T, SpiError> + std::panic::UnwindSafe) -> Result<T, TransactionError> {
-    // SAFETY: called on the worker's main thread between transactions, as PostgreSQL's own
-    // background workers start theirs.
-    unsafe {
-        pg_sys::SetCurrentStatementStartTimestamp();
-        pg_sys::StartTransactionCommand();
-        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
-    }
     let result = PgTryBuilder::new(|| {
+        // SAFETY: called on the worker's main thread between transactions, as PostgreSQL's
+        // own background workers start theirs.
+        unsafe {
+            pg_sys::SetCurrentStatementStartTimestamp();
+            pg_sys::StartTransactionCommand();
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        }
         let value = body()?;
         // SAFETY: the snapshot pushed above is still the active one; the commit can raise an
         // ERROR too (deferred checks), which the catch below turns into an Err.

@@ -69,7 +69,11 @@ pub fn wait(doorbell: RawFd, timeout: Duration) -> Wakeup {
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
     }
     // Absorb what other backends asked of every process, e.g. the barrier DROP DATABASE waits
-    // for: a worker with nothing to deliver runs no statement that would do it otherwise.
+    // for: a worker with nothing to deliver runs no statement that would do it otherwise. A
+    // cancel request (pg_cancel_backend) has no statement to cancel between transactions, and
+    // would otherwise raise an ERROR here, outside the guarded transactions.
+    // SAFETY: main thread; plain flags of this process.
+    unsafe { pg_sys::QueryCancelPending = 0 };
     pg_sys::check_for_interrupts!();
     Wakeup { latch }
 }

@@ -1,0 +1,93 @@
+//! Keeping secrets out of the server log. On a reload PostgreSQL's postmaster logs every
+//! changed setting with its new value (`parameter "outbox.signing_secret" changed to "…"`).
+//! A log hook, installed in the postmaster and so in every process it forks, replaces those
+//! lines for the settings that may hold secrets: the signing secret, and the webhook URL
+//! (credentials and tokens live in its user, password, path or query).
+
+use std::ffi::CStr;
+
+use pgrx::prelude::*;
+
+/// The untranslated message PostgreSQL logs for a changed setting.
+const SETTING_CHANGED: &str = "parameter \"%s\" changed to \"%s\"";
+/// The settings whose values never reach the log.
+const SECRET_SETTINGS: &[&str] = &["outbox.signing_secret", "outbox.webhook_url"];
+
+static mut PREVIOUS_HOOK: pg_sys::emit_log_hook_type = None;
+
+/// Called from `_PG_init` in the postmaster, while shared_preload_libraries is processed.
+pub fn install_log_hook() {
+    // SAFETY: the postmaster is single-threaded while it loads preloaded libraries; the hook
+    // chain is saved and called, as PostgreSQL's own modules do.
+    unsafe {
+        PREVIOUS_HOOK = pg_sys::emit_log_hook;
+        pg_sys::emit_log_hook = Some(hide_secret_settings);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn hide_secret_settings(edata: *mut pg_sys::ErrorData) {
+    // SAFETY: PostgreSQL passes the report being emitted; its strings are NUL-terminated and
+    // live in the report's memory context, the current one, where pstrdup puts the new
+    // message. Nothing below can panic (in the postmaster that would stop the server).
+    unsafe {
+        let data = &mut *edata;
+        if !data.message_id.is_null() && !data.message.is_null() {
+            let id = CStr::from_ptr(data.message_id).to_bytes();
+            let message = CStr::from_ptr(data.message).to_bytes();
+            if let Some(replacement) = hidden_setting_change(id, message) {
+                data.message = pg_sys::pstrdup(replacement.as_ptr());
+            }
+        }
+        if let Some(previous) = PREVIOUS_HOOK {
+            previous(edata);
+        }
+    }
+}
+
+/// What to log instead of a changed secret setting's line, whatever language the server
+/// logs in (the check uses the untranslated message and the setting's name, which is never
+/// translated); `None` for every other line.
+pub fn hidden_setting_change(message_id: &[u8], message: &[u8]) -> Option<&'static CStr> {
+    if message_id != SETTING_CHANGED.as_bytes() {
+        return None;
+    }
+    let names = [
+        (SECRET_SETTINGS[0], c"parameter \"outbox.signing_secret\" changed (value hidden)"),
+        (SECRET_SETTINGS[1], c"parameter \"outbox.webhook_url\" changed (value hidden: a URL may carry credentials)"),
+    ];
+    names.into_iter().find(|(name, _)| contains(message, format!("\"{name}\"").as_bytes())).map(|(_, line)| line)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|window| window == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changed(name: &str, value: &str) -> Vec<u8> {
+        format!("parameter \"{name}\" changed to \"{value}\"").into_bytes()
+    }
+
+    #[test]
+    fn secret_settings_are_logged_without_their_values() {
+        let secret = hidden_setting_change(SETTING_CHANGED.as_bytes(), &changed("outbox.signing_secret", "whsec_c2VjcmV0")).unwrap();
+        assert_eq!(secret.to_str().unwrap(), "parameter \"outbox.signing_secret\" changed (value hidden)");
+        let url = hidden_setting_change(SETTING_CHANGED.as_bytes(), &changed("outbox.webhook_url", "https://bob:hunter2@h/x?t=1")).unwrap();
+        assert!(!url.to_str().unwrap().contains("hunter2"));
+    }
+
+    #[test]
+    fn a_translated_line_is_hidden_too() {
+        let german = "Parameter »\"outbox.signing_secret\"« wurde auf »whsec_c2VjcmV0« geändert".as_bytes();
+        assert!(hidden_setting_change(SETTING_CHANGED.as_bytes(), german).is_some());
+    }
+
+    #[test]
+    fn other_lines_are_left_alone() {
+        assert_eq!(hidden_setting_change(SETTING_CHANGED.as_bytes(), &changed("work_mem", "64MB")), None);
+        assert_eq!(hidden_setting_change(b"some other message", &changed("outbox.signing_secret", "x")), None);
+    }
+}
