@@ -384,9 +384,61 @@ def secrets_stay_out_of_the_log():
     print("== secrets stay out of the log: signing secret, URL password and token all absent", flush=True)
 
 
+def database_lifecycle():
+    """Restarts the server serving a database that does not exist yet: the launcher waits for it
+    quietly. Then the database is created and given the extension (events flow), dropped with a
+    plain DROP DATABASE, created again (events flow again), and renamed. The server log must show
+    one line of waiting each time and no FATAL and no ERROR."""
+    name, log_path = "outbox_lifecycle", f"{DATA}/../server.log"
+
+    def log_since(offset):
+        return subprocess.run(["cat", log_path], capture_output=True, text=True).stdout[offset:]
+
+    def in_database(query):
+        return subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-d", name, "-X", "-tAq",
+                               "-v", "ON_ERROR_STOP=1", "-c", query], check=True, capture_output=True, text=True).stdout.strip()
+
+    def events_flow():
+        in_database("CREATE EXTENSION IF NOT EXISTS outbox_ext")
+        in_database("SELECT outbox_enqueue('lifecycle', '{}') FROM generate_series(1, 10)")
+        wait_until("events flow in the new database",
+                   lambda: in_database("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL") == "10", deadline=60)
+
+    sql(f"DROP DATABASE IF EXISTS {name}")
+    sql(f"DROP DATABASE IF EXISTS {name}_renamed")
+    sql(f"ALTER SYSTEM SET outbox.database = '{name}'")
+    start = len(log_since(0))
+    pg_ctl("-m", "fast", "restart", "-o", f"-p {PORT}", "-l", log_path, "-w")
+    waiting = f'waiting for database "{name}"'
+    wait_until("the launcher waits for the database", lambda: waiting in log_since(start), deadline=30)
+    sql(f"CREATE DATABASE {name}")
+    events_flow()
+    sql(f"DROP DATABASE {name}")  # no FORCE: the workers leave by themselves
+    wait_until("the launcher waits again", lambda: log_since(start).count(waiting) == 2, deadline=30)
+    sql(f"CREATE DATABASE {name}")
+    events_flow()
+    sql(f"ALTER DATABASE {name} RENAME TO {name}_renamed")
+    wait_until("the launcher waits for the renamed-away database", lambda: log_since(start).count(waiting) == 3, deadline=30)
+    sql(f"DROP DATABASE {name}_renamed")
+    log = log_since(start)
+    sql("ALTER SYSTEM RESET outbox.database")
+    pg_ctl("-m", "fast", "restart", "-o", f"-p {PORT}", "-l", log_path, "-w")
+    problems = [line for line in log.splitlines() if "FATAL" in line or "ERROR" in line]
+    if problems:
+        raise AssertionError(f"the server log shows {problems[:5]}")
+    print(f"== database lifecycle: waited quietly ({log.count(waiting)} lines), dropped and renamed without FORCE, "
+          "no FATAL or ERROR", flush=True)
+
+
 def main():
     receiver = Receiver()
     receiver.start()
+    try:
+        database_lifecycle()
+    except (AssertionError, subprocess.CalledProcessError) as e:
+        log = subprocess.run(["tail", "-n", "40", f"{DATA}/../server.log"], capture_output=True, text=True).stdout
+        print(f"FAILED database_lifecycle: {e}\nend of the server log:\n{log}", file=sys.stderr)
+        sys.exit(1)
     rows, failures = [], []
     try:
         secrets_stay_out_of_the_log()

@@ -1,7 +1,7 @@
 -- The SQL-only part of the user-facing API. outbox_enqueue() is in src/api.rs, because it
 -- checks a setting and wakes the workers at commit.
 --
--- Privileges: every function runs as the extension's owner (SECURITY DEFINER) with
+-- Privileges: every function below runs as the extension's owner (SECURITY DEFINER) with
 -- search_path pinned to pg_catalog, so a role needs nothing but EXECUTE on a function to use
 -- it, can do nothing through it but what it says, and nothing that role (or anyone) created
 -- can run inside it. EXECUTE is granted to nobody by default: see the README's GRANT recipes.

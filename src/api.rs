@@ -16,10 +16,11 @@ const MAX_TOPIC_BYTES: usize = 255;
 /// Enqueues one event in the caller's transaction and returns its id. The workers are woken
 /// when (and only if) the transaction commits.
 ///
-/// It runs as the extension's owner with search_path pinned to pg_catalog: a role needs only
-/// EXECUTE on it, and can write nothing but a checked event through it.
+/// It runs as the extension's owner: a role needs only EXECUTE on it, and can write nothing
+/// but a checked event through it. Its two statements name every object by schema, so the
+/// caller's search_path cannot redirect them; a pinned search_path (a SET clause) would cost
+/// every enqueue a settings save and restore.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
 fn outbox_enqueue(topic: Option<&str>, payload: Option<JsonbArg>) -> i64 {
     let topic = match topic {
         None => reject(ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_enqueue: topic must not be null".into()),

@@ -43,8 +43,9 @@ pub extern "C-unwind" fn _PG_init() {
         return;
     }
     redact::install_log_hook();
+    worker::leave_database::install_utility_hook();
     worker::registry::init_shared_memory();
-    worker::register_workers();
+    worker::launcher::register();
 }
 
 /// Required by `cargo pgrx test`: the settings the test cluster starts with.

@@ -186,8 +186,11 @@ fn an_error_in_a_workers_transaction_is_caught_and_its_acknowledgements_are_kept
         db.count("sent_at IS NOT NULL") == 20
     });
     for id in ids {
-        let claims: i32 = db.value(&format!("SELECT attempts FROM outbox WHERE id = {id}"));
-        assert_eq!(receiver.deliveries_of(id).len(), 1, "event {id} was delivered exactly once (claimed {claims} times)");
+        let (claims, error): (i32, Option<String>) = {
+            let row = db.client.query_one("SELECT attempts, last_error FROM outbox WHERE id = $1", &[&id]).unwrap();
+            (row.get(0), row.get(1))
+        };
+        assert_eq!(receiver.deliveries_of(id).len(), 1, "event {id} was delivered exactly once (claimed {claims} times, last error {error:?})");
     }
     assert_eq!(db.worker_pids(), pids, "no worker crashed or restarted");
 }

@@ -41,18 +41,16 @@ struct State {
 
 pub struct Receiver {
     pub url: String,
-    server: Arc<tiny_http::Server>,
     reply: Arc<Mutex<Reply>>,
     state: Arc<(Mutex<State>, Condvar)>,
 }
 
 impl Receiver {
     pub fn start(reply: Reply) -> Receiver {
-        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1"));
+        let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1");
         let port = server.server_addr().to_ip().expect("an IP listener").port();
         let receiver = Receiver {
             url: format!("http://127.0.0.1:{port}/events"),
-            server: server.clone(),
             reply: Arc::new(Mutex::new(reply)),
             state: Arc::new((Mutex::new(State::default()), Condvar::new())),
         };
@@ -93,7 +91,10 @@ impl Receiver {
 impl Drop for Receiver {
     fn drop(&mut self) {
         self.release();
-        self.server.unblock();
+        // The listener stays open until the test process ends, so that no later receiver gets
+        // its port: the workers keep idle keep-alive connections to it for a minute, and a
+        // request for a later test sent over one of those would reach this receiver (or hang
+        // on a half-closed server) instead of that test's.
     }
 }
 

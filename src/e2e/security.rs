@@ -199,3 +199,39 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
         refused(&mut db, "operator", sql);
     }
 }
+
+#[test]
+fn a_callers_search_path_cannot_redirect_outbox_enqueue() {
+    let mut db = db();
+    db.fresh_role("mallory");
+    db.execute(
+        "DROP TABLE IF EXISTS public.planted_calls; CREATE TABLE public.planted_calls (what text);
+         GRANT INSERT ON public.planted_calls TO PUBLIC;
+         GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO mallory;
+         DROP SCHEMA IF EXISTS evil CASCADE; CREATE SCHEMA evil AUTHORIZATION mallory",
+    );
+    // An exact match for the lookups outbox_enqueue makes when it first runs in a session, found
+    // before pg_catalog's because the caller puts its schema first. It would run as the owner.
+    db.execute(
+        "SET ROLE mallory;
+         CREATE FUNCTION evil.name_eq(name, name) RETURNS boolean LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO public.planted_calls VALUES ('= in evil');
+           EXECUTE 'ALTER ROLE mallory SUPERUSER';
+           RETURN $1::text = $2::text;
+         END $$;
+         CREATE OPERATOR evil.= (LEFTARG = name, RIGHTARG = name, FUNCTION = evil.name_eq);
+         RESET ROLE",
+    );
+    // A new session, so that outbox_enqueue plans its statements under the caller's path.
+    let (mut caller, _) = pgrx_tests::client().expect("a new session");
+    caller.batch_execute("SET ROLE mallory; SET search_path = evil, pg_catalog, public").unwrap();
+    let id: i64 = caller.query_one("SELECT public.outbox_enqueue('t', '{}'::jsonb)", &[]).unwrap().get(0);
+    drop(caller);
+
+    assert_eq!(db.count(&format!("id = {id}")), 1, "the event was enqueued");
+    let ran: Vec<String> = db.column("SELECT what FROM public.planted_calls");
+    assert!(ran.is_empty(), "planted objects ran: {ran:?}");
+    assert!(!db.value::<bool>("SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'"), "mallory became a superuser");
+    db.execute("DROP SCHEMA evil CASCADE; DROP TABLE public.planted_calls; DROP OWNED BY mallory");
+}

@@ -1,6 +1,8 @@
 //! The relay workers: background processes that claim due events, send them with no
 //! transaction open, and record each outcome as it arrives.
 
+pub mod launcher;
+pub mod leave_database;
 mod queue;
 pub mod registry;
 mod transaction;
@@ -9,7 +11,7 @@ pub mod wake;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 
 pub use queue::Queries;
@@ -30,21 +32,6 @@ const RETENTION_PAUSE: Duration = Duration::from_secs(10);
 const ACK_RETRY: Duration = Duration::from_millis(500);
 /// A failure that keeps happening is logged again after this long.
 const REPEAT_WARNING_AFTER: Duration = Duration::from_secs(60);
-/// How soon the postmaster restarts a worker that exited with an error.
-const RESTART_AFTER: Duration = Duration::from_secs(5);
-
-pub fn register_workers() {
-    for number in 1..=settings::workers() {
-        BackgroundWorkerBuilder::new(&format!("outbox_ext relay {number}"))
-            .set_type("outbox_ext relay")
-            .set_library("outbox_ext")
-            .set_function("outbox_relay_main")
-            .set_argument((number as i32).into_datum())
-            .enable_spi_access()
-            .set_restart_time(Some(RESTART_AFTER))
-            .load();
-    }
-}
 
 #[pg_guard]
 #[unsafe(no_mangle)]
@@ -60,10 +47,10 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     relay.run();
     registry::release_slot(slot);
     relay.sender.abandon();
-    // Exit code 1 so that the postmaster restarts a worker stopped on its own (e.g. by
-    // pg_terminate_backend); during a server shutdown nothing is restarted anyway.
+    // The launcher starts a stopped worker again, unless the server is shutting down or the
+    // database is going away.
     // SAFETY: no transaction is open; proc_exit runs PostgreSQL's exit callbacks.
-    unsafe { pg_sys::proc_exit(1) };
+    unsafe { pg_sys::proc_exit(0) };
 }
 
 struct Relay {
@@ -82,6 +69,9 @@ struct Relay {
 /// Why the delivery loop ended.
 enum Stop {
     Shutdown,
+    /// A DROP DATABASE or ALTER DATABASE … RENAME of this database is waiting for the
+    /// workers to leave: exit at once, leaving what is in flight to its lease.
+    LeavingDatabase,
     /// The extension was dropped, or its schema moved or changed version.
     ExtensionChanged,
 }
@@ -94,7 +84,7 @@ impl Relay {
         }
         while let Some(queries) = self.wait_for_extension() {
             match self.deliver(&queries) {
-                Stop::Shutdown => return,
+                Stop::Shutdown | Stop::LeavingDatabase => return,
                 Stop::ExtensionChanged => {
                     // What is in flight belongs to rows that are gone: drop it unrecorded.
                     let fresh = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {}: {e}", self.number));
@@ -132,8 +122,8 @@ impl Relay {
                 log!("outbox_ext relay {}: {reason}", self.number);
                 said = reason;
             }
-            wake::wait(self.sender.doorbell().fd(), self.settings.poll_interval);
-            if BackgroundWorker::sigterm_received() {
+            wake::wait(Some(self.sender.doorbell().fd()), self.settings.poll_interval);
+            if BackgroundWorker::sigterm_received() || registry::leaving_database() {
                 return None;
             }
             if BackgroundWorker::sighup_received() {
@@ -149,6 +139,10 @@ impl Relay {
     fn deliver(&mut self, queries: &Queries) -> Stop {
         let mut timers = Timers::new();
         loop {
+            if registry::leaving_database() {
+                log!("outbox_ext relay {}: leaving database \"{}\", which is being dropped or renamed", self.number, settings::database());
+                return Stop::LeavingDatabase;
+            }
             if BackgroundWorker::sigterm_received() {
                 self.finish_in_flight(queries);
                 return Stop::Shutdown;
@@ -183,7 +177,7 @@ impl Relay {
             // SAFETY: main thread, no transaction open.
             unsafe { pg_sys::pgstat_report_stat(false) };
             let sleep = timers.sleep(self.claim_limit() > 0, !self.unrecorded_acks.is_empty());
-            let wakeup = wake::wait(self.sender.doorbell().fd(), sleep);
+            let wakeup = wake::wait(Some(self.sender.doorbell().fd()), sleep);
             timers.after_wait(wakeup.latch, self.settings.poll_interval);
         }
     }
@@ -308,7 +302,7 @@ impl Relay {
     fn finish_in_flight(&mut self, queries: &Queries) {
         let deadline = Instant::now() + SHUTDOWN_GRACE;
         while (self.sender.in_flight() > 0 || !self.unrecorded_acks.is_empty()) && Instant::now() < deadline {
-            wake::wait(self.sender.doorbell().fd(), deadline.saturating_duration_since(Instant::now()).min(ACK_RETRY));
+            wake::wait(Some(self.sender.doorbell().fd()), deadline.saturating_duration_since(Instant::now()).min(ACK_RETRY));
             if self.record_finished(queries).is_err() {
                 return;
             }

@@ -42,30 +42,54 @@ impl WorkerSlot {
     }
 }
 
-static SLOTS: PgAtomic<[WorkerSlot; MAX_WORKERS]> = unsafe { PgAtomic::new(c"outbox_ext_workers") };
+/// What the workers, the launcher and every backend share.
+pub struct Shared {
+    slots: [WorkerSlot; MAX_WORKERS],
+    /// Set while a DROP DATABASE or ALTER DATABASE … RENAME of the served database runs: the
+    /// relay workers leave it at once and the launcher starts none.
+    leaving_database: AtomicBool,
+}
+
+unsafe impl PGRXSharedMemory for Shared {}
+
+static SHARED: PgAtomic<Shared> = unsafe { PgAtomic::new(c"outbox_ext_workers") };
 
 /// Set in the postmaster by `_PG_init` and inherited by every backend it forks.
 static READY: AtomicBool = AtomicBool::new(false);
 
 /// Called from `_PG_init` while shared_preload_libraries is being processed.
 pub fn init_shared_memory() {
-    pg_shmem_init!(SLOTS = std::array::from_fn(|_| WorkerSlot::empty()));
+    pg_shmem_init!(SHARED = Shared {
+        slots: std::array::from_fn(|_| WorkerSlot::empty()),
+        leaving_database: AtomicBool::new(false),
+    });
     READY.store(true, Ordering::Relaxed);
 }
 
 /// The slots, or none when the library was not preloaded (no workers exist then).
 pub fn slots() -> &'static [WorkerSlot] {
     if READY.load(Ordering::Relaxed) {
-        SLOTS.get()
+        &SHARED.get().slots
     } else {
         &[]
+    }
+}
+
+/// Whether the relay workers must leave their database (see `Shared::leaving_database`).
+pub fn leaving_database() -> bool {
+    READY.load(Ordering::Relaxed) && SHARED.get().leaving_database.load(Ordering::SeqCst)
+}
+
+pub fn set_leaving_database(leaving: bool) {
+    if READY.load(Ordering::Relaxed) {
+        SHARED.get().leaving_database.store(leaving, Ordering::SeqCst);
     }
 }
 
 /// The calling worker's slot (`number` counts from 1), marked as running, its counters from
 /// zero.
 pub fn claim_slot(number: usize) -> &'static WorkerSlot {
-    let slot = &SLOTS.get()[number - 1];
+    let slot = &SHARED.get().slots[number - 1];
     slot.in_flight.store(0, Ordering::Relaxed);
     slot.delivered.store(0, Ordering::Relaxed);
     slot.failed.store(0, Ordering::Relaxed);

@@ -44,7 +44,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     }
 }
 
-fn wake_all_workers() {
+pub fn wake_all_workers() {
     for procno in registry::slots().iter().filter_map(|slot| slot.running_procno()) {
         // A stale slot (a worker that crashed) only causes a harmless spurious wakeup.
         unsafe { pg_sys::SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno)).procLatch) };
@@ -57,12 +57,16 @@ pub struct Wakeup {
     pub latch: bool,
 }
 
-/// Sleeps until the latch is set, `doorbell` is readable, or `timeout` passes. Exits the
-/// process if the postmaster dies.
-pub fn wait(doorbell: RawFd, timeout: Duration) -> Wakeup {
-    let events = pg_sys::WL_LATCH_SET | pg_sys::WL_SOCKET_READABLE | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+/// Sleeps until the latch is set, `doorbell` (if any) is readable, or `timeout` passes.
+/// Exits the process if the postmaster dies.
+pub fn wait(doorbell: Option<RawFd>, timeout: Duration) -> Wakeup {
+    let mut events = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+    if doorbell.is_some() {
+        events |= pg_sys::WL_SOCKET_READABLE;
+    }
+    let socket = doorbell.unwrap_or(pg_sys::PGINVALID_SOCKET);
     let rc = unsafe {
-        pg_sys::WaitLatchOrSocket(pg_sys::MyLatch, events as i32, doorbell, timeout.as_millis() as _, pg_sys::PG_WAIT_EXTENSION)
+        pg_sys::WaitLatchOrSocket(pg_sys::MyLatch, events as i32, socket, timeout.as_millis() as _, pg_sys::PG_WAIT_EXTENSION)
     };
     let latch = rc & pg_sys::WL_LATCH_SET as i32 != 0;
     if latch {
