@@ -235,3 +235,34 @@ fn a_callers_search_path_cannot_redirect_outbox_enqueue() {
     assert!(!db.value::<bool>("SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'"), "mallory became a superuser");
     db.execute("DROP SCHEMA evil CASCADE; DROP TABLE public.planted_calls; DROP OWNED BY mallory");
 }
+
+#[test]
+fn a_drop_database_that_postgresql_would_refuse_does_not_make_the_workers_leave() {
+    let mut db = db();
+    db.fresh_role("mallory");
+    let pids = db.worker_pids();
+    let host: String = db.value("SELECT host(inet_server_addr())");
+    let port: String = db.value("SELECT current_setting('port')");
+    let connect = |user: &str| {
+        postgres::Client::connect(&format!("host={host} port={port} user={user} dbname=postgres"), postgres::NoTls)
+            .expect("connect to the postgres database")
+    };
+
+    // Not the owner: PostgreSQL refuses, and the workers must not have left for it.
+    let refused = connect("mallory").batch_execute("DROP DATABASE pgrx_tests").expect_err("only the owner may drop it");
+    assert_eq!(refused.code().map(|c| c.code()), Some("42501"), "{refused}");
+    let refused = connect("mallory").batch_execute("ALTER DATABASE pgrx_tests RENAME TO taken").expect_err("nor rename it");
+    assert_eq!(refused.code().map(|c| c.code()), Some("42501"), "{refused}");
+    // The owner, but inside a transaction block, where DROP DATABASE cannot run.
+    let mut superuser = connect("postgres");
+    let refused = superuser.batch_execute("BEGIN; DROP DATABASE pgrx_tests").expect_err("not in a transaction block");
+    assert_eq!(refused.code().map(|c| c.code()), Some("25001"), "{refused}");
+    superuser.batch_execute("ROLLBACK").unwrap();
+
+    assert_eq!(db.worker_pids(), pids, "no worker left its database");
+    let receiver = super::receiver::Receiver::start(super::receiver::Reply::Status(204));
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+    let id = db.enqueue("still.served", "{}");
+    wait_until("the workers still deliver", Duration::from_secs(10), || db.is_sent(id));
+    assert_eq!(db.worker_pids(), pids, "no worker left its database");
+}

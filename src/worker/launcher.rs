@@ -34,6 +34,8 @@ pub fn register() {
 struct Relay {
     handle: Option<DynamicBackgroundWorker>,
     started_at: Option<Instant>,
+    /// Said that no background worker slot was free; said again only after a start succeeded.
+    said_no_slot: bool,
 }
 
 #[pg_guard]
@@ -44,22 +46,29 @@ pub extern "C-unwind" fn outbox_launcher_main(_arg: pg_sys::Datum) {
     // in the way of DROP DATABASE.
     BackgroundWorker::connect_worker_to_spi(None, None);
     let database = settings::database();
-    let mut relays: Vec<Relay> = (0..settings::workers()).map(|_| Relay { handle: None, started_at: None }).collect();
+    let mut relays: Vec<Relay> =
+        (0..settings::workers()).map(|_| Relay { handle: None, started_at: None, said_no_slot: false }).collect();
     let mut waiting_said = false;
     log!("outbox_ext launcher started for database \"{database}\"");
     while !BackgroundWorker::sigterm_received() {
-        if database_exists(&database) && !registry::leaving_database() {
+        if !database_exists(&database) {
+            if !waiting_said {
+                log!("outbox_ext launcher: waiting for database \"{database}\" (outbox.database)");
+                waiting_said = true;
+            }
+        } else if !registry::leaving_database() {
             waiting_said = false;
             for (index, relay) in relays.iter_mut().enumerate() {
                 start_if_stopped(relay, index + 1);
             }
-        } else if !waiting_said {
-            log!("outbox_ext launcher: waiting for database \"{database}\" (outbox.database)");
-            waiting_said = true;
         }
         // Woken early by a relay worker that stops (the postmaster notifies the launcher).
         wake::wait(None, CHECK_EVERY);
     }
+    // Exit code 1: the postmaster starts a launcher stopped on its own (pg_terminate_backend)
+    // again after RESTART_AFTER; at a server shutdown nothing is restarted anyway.
+    // SAFETY: no transaction is open.
+    unsafe { pg_sys::proc_exit(1) };
 }
 
 /// Whether the served database exists and takes connections. Read with a plain heap scan of the shared catalog
@@ -95,10 +104,12 @@ fn database_exists(name: &str) -> bool {
 }
 
 fn start_if_stopped(relay: &mut Relay, number: usize) {
-    let running = relay
+    let started_here = relay
         .handle
         .as_ref()
         .is_some_and(|handle| matches!(handle.pid(), Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted)));
+    // A relay that an earlier launcher started (before this one was restarted) still counts.
+    let running = started_here || registry::live_worker(number).is_some();
     if running || relay.started_at.is_some_and(|at| at.elapsed() < RESTART_AFTER) {
         return;
     }
@@ -113,6 +124,13 @@ fn start_if_stopped(relay: &mut Relay, number: usize) {
         .enable_spi_access()
         .set_notify_pid(launcher)
         .load_dynamic()
-        .map_err(|_| warning!("outbox_ext launcher: cannot start relay {number}: no free background worker slot (max_worker_processes)"))
         .ok();
+    match relay.handle {
+        Some(_) => relay.said_no_slot = false,
+        None if !relay.said_no_slot => {
+            warning!("outbox_ext launcher: cannot start relay {number}: no free background worker slot (raise max_worker_processes)");
+            relay.said_no_slot = true;
+        }
+        None => {}
+    }
 }

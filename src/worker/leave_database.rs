@@ -7,6 +7,7 @@
 //! starts the workers again if the command failed.
 
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
@@ -40,7 +41,7 @@ unsafe extern "C-unwind" fn leave_before_drop_or_rename(
     qc: *mut pg_sys::QueryCompletion,
 ) {
     // SAFETY: PostgreSQL passes a valid planned utility statement.
-    let leaving = unsafe { names_served_database((*pstmt).utilityStmt) };
+    let leaving = unsafe { will_drop_or_rename_served_database((*pstmt).utilityStmt, context) };
     let run = || {
         // SAFETY: the arguments are passed on unchanged, to the previous hook or to PostgreSQL.
         unsafe {
@@ -50,36 +51,68 @@ unsafe extern "C-unwind" fn leave_before_drop_or_rename(
             }
         }
     };
-    if leaving {
-        registry::set_leaving_database(true);
-        wake::wake_all_workers();
-        // Lifted when the command's own transaction ends, not before: until it commits, the
-        // launcher would still find the database and start workers into a half-dropped one.
-        register_xact_callback(PgXactCallbackEvent::Commit, || registry::set_leaving_database(false));
-        register_xact_callback(PgXactCallbackEvent::Abort, || registry::set_leaving_database(false));
+    if !leaving {
+        return run();
     }
-    run();
+    HELD_HERE.fetch_add(1, Ordering::SeqCst);
+    registry::begin_leaving_database();
+    wake::wake_all_workers();
+    // Lifted when the command's own transaction ends, not before: until it commits, the
+    // launcher would still find the database and start workers into a half-dropped one. An
+    // ERROR lifts it at once (a savepoint's rollback fires no end-of-transaction event).
+    register_xact_callback(PgXactCallbackEvent::Commit, lift);
+    register_xact_callback(PgXactCallbackEvent::Abort, lift);
+    PgTryBuilder::new(run)
+        .catch_others(|error| {
+            lift();
+            error.rethrow()
+        })
+        .execute();
 }
 
-/// Whether `statement` is DROP DATABASE or ALTER DATABASE … RENAME of `outbox.database`.
-unsafe fn names_served_database(statement: *mut pg_sys::Node) -> bool {
+/// How many of the running leave requests this backend made (a process-local count).
+static HELD_HERE: AtomicI32 = AtomicI32::new(0);
+
+/// Lifts this backend's leave requests; safe to call more than once.
+fn lift() {
+    let held = HELD_HERE.swap(0, Ordering::SeqCst);
+    if held > 0 {
+        registry::end_leaving_database(held);
+    }
+}
+
+/// Whether `statement` is a DROP DATABASE or ALTER DATABASE … RENAME of `outbox.database`
+/// that PostgreSQL will go on to attempt: run by the database's owner (RENAME also needs
+/// CREATEDB), from another database, and a DROP outside any transaction block. Anyone else's
+/// attempt fails PostgreSQL's own checks, and must not make the workers leave.
+unsafe fn will_drop_or_rename_served_database(statement: *mut pg_sys::Node, context: pg_sys::ProcessUtilityContext::Type) -> bool {
     if statement.is_null() {
         return false;
     }
-    // SAFETY: the node's tag says which statement struct it is.
-    let name = unsafe {
-        match (*statement).type_ {
-            pg_sys::NodeTag::T_DropdbStmt => (*(statement as *mut pg_sys::DropdbStmt)).dbname,
+    // SAFETY: the node's tag says which statement struct it is; the checks below are catalog
+    // lookups in the caller's transaction, as PostgreSQL's own dropdb and RenameDatabase make.
+    unsafe {
+        let (name, is_drop) = match (*statement).type_ {
+            pg_sys::NodeTag::T_DropdbStmt => ((*(statement as *mut pg_sys::DropdbStmt)).dbname, true),
             pg_sys::NodeTag::T_RenameStmt => {
                 let rename = &*(statement as *mut pg_sys::RenameStmt);
                 if rename.renameType != pg_sys::ObjectType::OBJECT_DATABASE {
                     return false;
                 }
-                rename.subname
+                (rename.subname, false)
             }
             _ => return false,
+        };
+        if name.is_null() || CStr::from_ptr(name).to_bytes() != settings::database().as_bytes() {
+            return false;
         }
-    };
-    // SAFETY: PostgreSQL's parser gives NUL-terminated names.
-    !name.is_null() && unsafe { CStr::from_ptr(name) }.to_bytes() == settings::database().as_bytes()
+        if is_drop && (context != pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL || pg_sys::IsTransactionBlock()) {
+            return false;
+        }
+        let database = pg_sys::get_database_oid(name, true);
+        database != pg_sys::InvalidOid
+            && database != pg_sys::MyDatabaseId
+            && pg_sys::pg_database_ownercheck(database, pg_sys::GetUserId())
+            && (is_drop || pg_sys::have_createdb_privilege())
+    }
 }

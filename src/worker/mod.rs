@@ -104,6 +104,9 @@ impl Relay {
     fn wait_for_extension(&mut self) -> Option<Queries> {
         let mut said = String::new();
         loop {
+            if registry::leaving_database() {
+                return None;
+            }
             let reason = match queue::find_installation() {
                 Ok(Some(installation)) if installation.is_current() => {
                     if !said.is_empty() {
@@ -123,7 +126,7 @@ impl Relay {
                 said = reason;
             }
             wake::wait(Some(self.sender.doorbell().fd()), self.settings.poll_interval);
-            if BackgroundWorker::sigterm_received() || registry::leaving_database() {
+            if BackgroundWorker::sigterm_received() {
                 return None;
             }
             if BackgroundWorker::sighup_received() {
@@ -140,6 +143,9 @@ impl Relay {
         let mut timers = Timers::new();
         loop {
             if registry::leaving_database() {
+                // Acknowledgements already received are written first (the command waits up to
+                // 5 s for the workers); requests still in flight come back by their lease.
+                let _ = self.record_finished(queries);
                 log!("outbox_ext relay {}: leaving database \"{}\", which is being dropped or renamed", self.number, settings::database());
                 return Stop::LeavingDatabase;
             }

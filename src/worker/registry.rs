@@ -45,9 +45,9 @@ impl WorkerSlot {
 /// What the workers, the launcher and every backend share.
 pub struct Shared {
     slots: [WorkerSlot; MAX_WORKERS],
-    /// Set while a DROP DATABASE or ALTER DATABASE … RENAME of the served database runs: the
-    /// relay workers leave it at once and the launcher starts none.
-    leaving_database: AtomicBool,
+    /// How many DROP DATABASE or ALTER DATABASE … RENAME commands of the served database are
+    /// running: while any is, the relay workers leave it at once and the launcher starts none.
+    leaving_database: AtomicI32,
 }
 
 unsafe impl PGRXSharedMemory for Shared {}
@@ -61,7 +61,7 @@ static READY: AtomicBool = AtomicBool::new(false);
 pub fn init_shared_memory() {
     pg_shmem_init!(SHARED = Shared {
         slots: std::array::from_fn(|_| WorkerSlot::empty()),
-        leaving_database: AtomicBool::new(false),
+        leaving_database: AtomicI32::new(0),
     });
     READY.store(true, Ordering::Relaxed);
 }
@@ -77,13 +77,27 @@ pub fn slots() -> &'static [WorkerSlot] {
 
 /// Whether the relay workers must leave their database (see `Shared::leaving_database`).
 pub fn leaving_database() -> bool {
-    READY.load(Ordering::Relaxed) && SHARED.get().leaving_database.load(Ordering::SeqCst)
+    READY.load(Ordering::Relaxed) && SHARED.get().leaving_database.load(Ordering::SeqCst) > 0
 }
 
-pub fn set_leaving_database(leaving: bool) {
+pub fn begin_leaving_database() {
     if READY.load(Ordering::Relaxed) {
-        SHARED.get().leaving_database.store(leaving, Ordering::SeqCst);
+        SHARED.get().leaving_database.fetch_add(1, Ordering::SeqCst);
     }
+}
+
+pub fn end_leaving_database(requests: i32) {
+    if READY.load(Ordering::Relaxed) {
+        SHARED.get().leaving_database.fetch_sub(requests, Ordering::SeqCst);
+    }
+}
+
+/// The pid of a live process holding slot `number` (counting from 1), if any: a launcher that
+/// was restarted finds the workers its predecessor started.
+pub fn live_worker(number: usize) -> Option<i32> {
+    let pid = slots().get(number - 1)?.pid.load(Ordering::SeqCst);
+    // SAFETY: signal 0 only asks whether the process exists.
+    (pid > 0 && unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
 }
 
 /// The calling worker's slot (`number` counts from 1), marked as running, its counters from
