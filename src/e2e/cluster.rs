@@ -90,6 +90,18 @@ impl Db {
         ));
     }
 
+    /// Where the test cluster listens, as (host, port), for new sessions and for pg_dump.
+    pub fn server_address(&mut self) -> (String, String) {
+        (self.value("SELECT host(inet_server_addr())"), self.value("SELECT current_setting('port')"))
+    }
+
+    /// A new session on `database` as `user`.
+    pub fn connect(&mut self, database: &str, user: &str) -> postgres::Client {
+        let (host, port) = self.server_address();
+        postgres::Client::connect(&format!("host={host} port={port} user={user} dbname={database}"), postgres::NoTls)
+            .unwrap_or_else(|e| panic!("connect to {database} as {user}: {e}"))
+    }
+
     /// Process ids of the running relay workers, by worker number.
     pub fn worker_pids(&mut self) -> Vec<i32> {
         self.column("SELECT pid FROM outbox_workers() ORDER BY worker")

@@ -18,8 +18,7 @@ fn a_dump_restored_into_a_fresh_database_keeps_rows_and_never_reuses_an_id() {
     db.fresh_role("restored_producer");
     db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO restored_producer");
 
-    let host: String = db.value("SELECT host(inet_server_addr())");
-    let port: String = db.value("SELECT current_setting('port')");
+    let (host, port) = db.server_address();
     let dump = std::env::temp_dir().join(format!("outbox_ext-dump-{}.custom", std::process::id()));
     let connection = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
     db.execute("DROP DATABASE IF EXISTS outbox_restored");
@@ -28,8 +27,7 @@ fn a_dump_restored_into_a_fresh_database_keeps_rows_and_never_reuses_an_id() {
     run(Command::new(format!("{PG_BIN}/pg_restore")).args(connection).args(["--exit-on-error", "-d", "outbox_restored"]).arg(&dump));
     let _ = std::fs::remove_file(&dump);
 
-    let url = format!("host={host} port={port} user=postgres dbname=outbox_restored");
-    let mut restored = postgres::Client::connect(&url, postgres::NoTls).expect("connect to the restored database");
+    let mut restored = db.connect("outbox_restored", "postgres");
     let ids: Vec<i64> = restored.query("SELECT id FROM outbox ORDER BY id", &[]).unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(ids, kept, "every row is restored");
     let processed: i64 = restored.query_one("SELECT count(*) FROM processed_events WHERE consumer = 'billing'", &[]).unwrap().get(0);

@@ -241,20 +241,14 @@ fn a_drop_database_that_postgresql_would_refuse_does_not_make_the_workers_leave(
     let mut db = db();
     db.fresh_role("mallory");
     let pids = db.worker_pids();
-    let host: String = db.value("SELECT host(inet_server_addr())");
-    let port: String = db.value("SELECT current_setting('port')");
-    let connect = |user: &str| {
-        postgres::Client::connect(&format!("host={host} port={port} user={user} dbname=postgres"), postgres::NoTls)
-            .expect("connect to the postgres database")
-    };
 
     // Not the owner: PostgreSQL refuses, and the workers must not have left for it.
-    let refused = connect("mallory").batch_execute("DROP DATABASE pgrx_tests").expect_err("only the owner may drop it");
+    let refused = db.connect("postgres", "mallory").batch_execute("DROP DATABASE pgrx_tests").expect_err("only the owner may drop it");
     assert_eq!(refused.code().map(|c| c.code()), Some("42501"), "{refused}");
-    let refused = connect("mallory").batch_execute("ALTER DATABASE pgrx_tests RENAME TO taken").expect_err("nor rename it");
+    let refused = db.connect("postgres", "mallory").batch_execute("ALTER DATABASE pgrx_tests RENAME TO taken").expect_err("nor rename it");
     assert_eq!(refused.code().map(|c| c.code()), Some("42501"), "{refused}");
     // The owner, but inside a transaction block, where DROP DATABASE cannot run.
-    let mut superuser = connect("postgres");
+    let mut superuser = db.connect("postgres", "postgres");
     let refused = superuser.batch_execute("BEGIN; DROP DATABASE pgrx_tests").expect_err("not in a transaction block");
     assert_eq!(refused.code().map(|c| c.code()), Some("25001"), "{refused}");
     superuser.batch_execute("ROLLBACK").unwrap();

@@ -50,13 +50,6 @@ const ALL_ROWS: &str = "
     SELECT (SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY o.id), '[]') FROM outbox AS o)::text
         || (SELECT coalesce(jsonb_agg(to_jsonb(p) ORDER BY p.consumer, p.event_id), '[]') FROM processed_events AS p)::text";
 
-fn connect(db: &mut super::cluster::Db, database: &str) -> postgres::Client {
-    let host: String = db.value("SELECT host(inet_server_addr())");
-    let port: String = db.value("SELECT current_setting('port')");
-    postgres::Client::connect(&format!("host={host} port={port} user=postgres dbname={database}"), postgres::NoTls)
-        .unwrap_or_else(|e| panic!("connect to {database}: {e}"))
-}
-
 fn describe(client: &mut postgres::Client) -> Vec<String> {
     client.query(DESCRIBE_EXTENSION, &[]).unwrap().iter().map(|row| row.get(0)).collect()
 }
@@ -74,7 +67,7 @@ fn updating_from_0_1_0_keeps_every_row_and_ends_as_a_fresh_install() {
     }
     db.fresh_role("legacy_producer");
 
-    let mut old = connect(&mut db, "outbox_upgrade");
+    let mut old = db.connect("outbox_upgrade", "postgres");
     old.batch_execute(
         "CREATE EXTENSION outbox_ext VERSION '0.1.0';
          -- 0.1.0's recipe for a producer: table privileges and PUBLIC's EXECUTE.
@@ -105,7 +98,7 @@ fn updating_from_0_1_0_keeps_every_row_and_ends_as_a_fresh_install() {
     let next: i64 = old.query_one("SELECT outbox_enqueue('after.update', '{}')", &[]).unwrap().get(0);
     assert!(next > 51, "ids go on from where 0.1.0 left them ({next})");
 
-    let mut fresh = connect(&mut db, "outbox_fresh");
+    let mut fresh = db.connect("outbox_fresh", "postgres");
     fresh.batch_execute("CREATE EXTENSION outbox_ext").unwrap();
     let (updated, installed) = (describe(&mut old), describe(&mut fresh));
     assert!(installed.len() > 5, "the description covers the objects: {installed:#?}");
