@@ -1,9 +1,28 @@
 #!/usr/bin/env bash
 # The benchmark: one run, one table, written to bench/RESULTS.md. See bench/README.md.
 # Everything runs on 127.0.0.1: a throwaway cluster with outbox_ext preloaded (2 workers),
-# nginx answering 204 as the receiver, pgbench and wrk as the load.
+# nginx answering 204 as the receiver, pgbench and wrk as the load. Then, unless
+# BENCH_COMPARE_0_1_0=0, the same drain with 0.1.0's library, and this version's put back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+DURATION=${BENCH_SECONDS:-30}
+DRAIN_EVENTS=${BENCH_DRAIN_EVENTS:-100000}
+RETAINED_ROWS=${BENCH_RETAINED_ROWS:-1000000}
+COMPARE_0_1_0=${BENCH_COMPARE_0_1_0:-1}
+OLD_COMMIT=63b0dfc # 0.1.0 as released
+# A target directory of its own, kept between runs: next time only the crate is rebuilt.
+OLD_TARGET=$PWD/target/bench-0.1.0
+DOWN_PORT=9 # the endpoint that is down points here, where nothing may listen
+# Both found out now rather than after the rest of the run.
+if [ "$COMPARE_0_1_0" = 1 ] && ! git cat-file -e "$OLD_COMMIT^{commit}" 2>/dev/null; then
+  echo "bench: commit $OLD_COMMIT (0.1.0) is not in this clone; fetch the history or set BENCH_COMPARE_0_1_0=0" >&2
+  exit 1
+fi
+if (exec 3<>"/dev/tcp/127.0.0.1/$DOWN_PORT") 2>/dev/null; then
+  echo "bench: something listens on 127.0.0.1:$DOWN_PORT, where the endpoint that is down should point" >&2
+  exit 1
+fi
 
 scripts/setup.sh nginx-light wrk
 . scripts/cluster.sh
@@ -11,17 +30,23 @@ install_extension
 
 DIR=$(mktemp -d /tmp/outbox-bench.XXXXXX)
 chmod 755 "$DIR"
+OLD_TREE=$DIR/0.1.0
 PORT=54339
 RECEIVER_PORT=8799
 URL="http://127.0.0.1:$RECEIVER_PORT/events"
-DURATION=${BENCH_SECONDS:-30}
-DRAIN_EVENTS=${BENCH_DRAIN_EVENTS:-100000}
-RETAINED_ROWS=${BENCH_RETAINED_ROWS:-1000000}
+CLUSTER_SETTINGS=("outbox.workers = 2" "max_wal_size = '4GB'" "checkpoint_timeout = '30min'")
+library_replaced=0 # 1 while 0.1.0's library is installed instead of this version's
 
-cleanup() {
+cleanup() { # each step is done even if the one before failed
   stop_cluster
-  [ -f "$DIR/nginx.pid" ] && nginx -c "$DIR/nginx.conf" -s stop 2>/dev/null
+  [ ! -f "$DIR/nginx.pid" ] || nginx -c "$DIR/nginx.conf" -s stop 2>/dev/null || true
+  [ ! -d "$OLD_TREE" ] || git worktree remove --force "$OLD_TREE" || true
   rm -rf "$DIR"
+  # Last: if this build fails too, nothing else is left behind.
+  if [ "$library_replaced" = 1 ]; then
+    echo "bench: putting this version's library back" >&2
+    install_extension
+  fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -29,17 +54,14 @@ trap 'exit 130' INT TERM
 sed -e "s|@DIR@|$DIR|g" -e "s|@PORT@|$RECEIVER_PORT|g" bench/nginx.conf.in > "$DIR/nginx.conf"
 nginx -c "$DIR/nginx.conf"
 
-start_cluster "$DIR/pg" "$PORT" "outbox.workers = 2" "max_wal_size = '4GB'" "checkpoint_timeout = '30min'"
+start_cluster "$DIR/pg" "$PORT" "${CLUSTER_SETTINGS[@]}"
 psql_cluster -q -c "CREATE EXTENSION outbox_ext"
 q() { psql_cluster -tA -c "$1"; }
 now() { date +%s.%N; }
 rate() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%.0f", n / s }'; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+percent() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
 pgbench_tps() { PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres pgbench -n "$@" postgres 2>&1 | awk '/^tps = / { printf "%.0f", $3 }'; }
-set_url() {
-  q "ALTER SYSTEM SET outbox.webhook_url = '$1'" >/dev/null
-  q "SELECT pg_reload_conf()" >/dev/null
-}
 wait_for() { # wait_for SQL-condition deadline-seconds
   local deadline=$((SECONDS + $2))
   until [ "$(q "SELECT $1")" = t ]; do
@@ -47,6 +69,26 @@ wait_for() { # wait_for SQL-condition deadline-seconds
     sleep 0.05
   done
 }
+set_url() { # returns once every worker has read it: before that, a worker may still use the old URL
+  local since
+  since=$(q "SELECT clock_timestamp()")
+  q "ALTER SYSTEM SET outbox.webhook_url = '$1'" >/dev/null
+  q "SELECT pg_reload_conf()" >/dev/null
+  wait_for "bool_and(settings_loaded_at > '$since') FROM outbox_workers()" 10
+}
+empty_tables() { q "TRUNCATE outbox_deliveries, outbox" >/dev/null; }
+# Endpoints b and c beside default, subscribed to every event: three deliveries per event.
+# Created disabled, so that the workers leave their deliveries alone until they are enabled.
+add_b_c() {
+  q "SELECT outbox_endpoint_set(n, '$URL/' || n) FROM unnest('{b,c}'::text[]) n;
+     SELECT outbox_endpoint_disable(n) FROM unnest('{b,c}'::text[]) n" >/dev/null
+}
+drop_b_c() { q "SELECT outbox_endpoint_drop(n) FROM unnest('{b,c}'::text[]) n" >/dev/null; }
+insert_events() { # insert_events COUNT TOPIC SENT_AT: events, each with its delivery to default
+  q "WITH event AS (INSERT INTO outbox (topic, payload) SELECT '$2', '{\"n\": 1}' FROM generate_series(1, $1) RETURNING id)
+     INSERT INTO outbox_deliveries (event_id, endpoint, sent_at) SELECT id, 'default', $3 FROM event" >/dev/null
+}
+enqueue_drain_events() { q "SELECT count(outbox_enqueue('bench', jsonb_build_object('n', n))) FROM generate_series(1, $DRAIN_EVENTS) n" >/dev/null; }
 worker_pids() { q "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE backend_type = 'outbox_ext relay'"; }
 anon_kib() { # the largest private (anonymous) memory among the workers now
   local max=0 kib
@@ -55,6 +97,26 @@ anon_kib() { # the largest private (anonymous) memory among the workers now
     [ "${kib:-0}" -gt "$max" ] && max=$kib
   done
   echo "$max"
+}
+peak_anon=0
+# drain TABLE [SQL]: times the delivery of what the caller enqueued while outbox.webhook_url
+# was empty: runs SQL (whatever else has to start), sets the URL and waits until no row of
+# TABLE is left to deliver (drain_seconds). Samples the workers' memory meanwhile (peak_anon).
+drain() {
+  local t0 deadline kib
+  t0=$(now)
+  [ -z "${2:-}" ] || q "$2" >/dev/null
+  set_url "$URL"
+  deadline=$((SECONDS + 300))
+  # Polled through the pending index: counting the table 20 times a second would take CPU
+  # from the workers.
+  until [ "$(q "SELECT NOT EXISTS (SELECT FROM $1 WHERE sent_at IS NULL AND dead_at IS NULL)")" = t ]; do
+    [ $SECONDS -lt $deadline ] || { echo "bench: drain timed out" >&2; exit 1; }
+    kib=$(anon_kib); [ "$kib" -gt "$peak_anon" ] && peak_anon=$kib
+    sleep 0.05
+  done
+  drain_seconds=$(elapsed "$t0" "$(now)")
+  [ "$(q "SELECT count(*) FROM $1 WHERE sent_at IS NULL")" = 0 ] || { echo "bench: deliveries died during the drain" >&2; exit 1; }
 }
 
 cat > "$DIR/insert.sql" <<'SQL'
@@ -66,71 +128,97 @@ SQL
 cat > "$DIR/latency.sql" <<'SQL'
 SELECT outbox_enqueue('latency', jsonb_build_object('t', extract(epoch FROM clock_timestamp())));
 SQL
-claim=$(sed -e 's/\$1/100/' -e 's/\$2/30000/' -e 's/@extschema@/public/g' sql/claim_batch.sql | grep -v '^--')
-# The workers' claim, then their mark-sent UPDATE on the ids it returned: one transaction per
-# batch, as a DO block so that pgbench can pass the ids from one statement to the next.
-printf 'DO $$DECLARE ids bigint[]; BEGIN WITH claimed AS (%s) SELECT array_agg(id) INTO ids FROM claimed; %s; END$$;\n' \
-  "$(echo "$claim" | tr '\n' ' ' | sed 's/RETURNING id,.*/RETURNING id/')" \
-  "$(grep -v '^--' sql/mark_sent.sql | sed -e 's/\$1/ids/' -e 's/@extschema@/public/g' \
-       -e "s/\\\$2/(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')/" | tr '\n' ' ')" > "$DIR/claim_mark.sql"
-printf 'BEGIN;\n%s;\nROLLBACK;\n' "$(echo "$claim" | tr '\n' ' ')" > "$DIR/claim_only.sql"
+sql_text() { grep -v '^--' "sql/$1" | sed 's/@extschema@/public/g' | tr '\n' ' '; }
+# The workers' claim for endpoint default alone: batch 100, lease 30 s.
+claim=$(sql_text claim_batch.sql | sed -e "s/\\\$1/ARRAY['default']/g" -e 's/\$2/ARRAY[100]/g' -e 's/\$3/ARRAY[30000]/g')
+# The claim, then the workers' mark-sent statement on the deliveries it returned: one
+# transaction per batch, as a DO block so that pgbench can pass them from one to the next.
+printf 'DO $$DECLARE delivery record; batch_endpoints text[]; batch_ids bigint[]; BEGIN FOR delivery IN %s LOOP batch_endpoints := batch_endpoints || delivery.endpoint; batch_ids := batch_ids || delivery.event_id; END LOOP; %s; END$$;\n' \
+  "$claim" \
+  "$(sql_text mark_sent.sql | sed -e 's/\$1/batch_endpoints/g' -e 's/\$2/batch_ids/g' \
+       -e "s/\\\$3/(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')/g")" > "$DIR/claim_mark.sql"
+printf 'BEGIN;\n%s;\nROLLBACK;\n' "$claim" > "$DIR/claim_only.sql"
 
 echo "== limits (workers idle: outbox.webhook_url is empty)"
 receiver_rps=$(wrk -t1 -c32 -d10s -s bench/post.lua "http://127.0.0.1:$RECEIVER_PORT/load" | awk '/^Requests\/sec:/ { printf "%.0f", $2 }')
 echo "receiver: $receiver_rps POST/s"
 pgbench_tps -c8 -j2 -T5 -f "$DIR/insert.sql" >/dev/null # warm-up: the new cluster's first WAL segments
-# This disk's commit rate wanders; alternate the two and keep each one's median of three.
-median3() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
-inserts=() enqueues=()
-for round in 1 2 3; do
-  q "TRUNCATE outbox" >/dev/null
-  inserts+=("$(pgbench_tps -c8 -j2 -T5 -f "$DIR/insert.sql")")
-  q "TRUNCATE outbox" >/dev/null
-  enqueues+=("$(pgbench_tps -c8 -j2 -T5 -f "$DIR/enqueue.sql")")
+# This disk's commit rate wanders: the measures alternate, five rounds, and each keeps its
+# median. b and c exist only for the three-endpoint runs.
+declare -A runs=()
+measure() { # measure NAME SYNCHRONOUS_COMMIT SCRIPT: 8 clients for 5 s on empty tables
+  empty_tables
+  runs[$1]+=" $(PGOPTIONS="-c synchronous_commit=$2" pgbench_tps -c8 -j2 -T5 -f "$DIR/$3")"
+}
+median5() { printf '%s\n' "$@" | sort -n | sed -n 3p; }
+for round in 1 2 3 4 5; do
+  for commit in on off; do
+    measure "insert-$commit" "$commit" insert.sql
+    measure "enqueue-$commit" "$commit" enqueue.sql
+  done
+  add_b_c
+  for commit in on off; do
+    measure "enqueue3-$commit" "$commit" enqueue.sql
+  done
+  empty_tables
+  drop_b_c
 done
-insert_tps=$(median3 "${inserts[@]}")
-enqueue_alone_tps=$(median3 "${enqueues[@]}")
-echo "plain INSERT: $insert_tps rows/s (rounds: ${inserts[*]}); outbox_enqueue alone: $enqueue_alone_tps/s (rounds: ${enqueues[*]})"
-q "TRUNCATE outbox" >/dev/null
-q "INSERT INTO outbox (topic, payload) SELECT 'bench', '{\"n\": 1}' FROM generate_series(1, 300000)" >/dev/null
-q "VACUUM ANALYZE outbox" >/dev/null
+for commit in on off; do
+  echo "rounds, synchronous_commit $commit: plain INSERT${runs[insert-$commit]}; outbox_enqueue${runs[enqueue-$commit]}; with three endpoints${runs[enqueue3-$commit]}"
+done
+insert_on=$(median5 ${runs[insert-on]}) insert_off=$(median5 ${runs[insert-off]})
+enqueue_on=$(median5 ${runs[enqueue-on]}) enqueue_off=$(median5 ${runs[enqueue-off]})
+enqueue3_on=$(median5 ${runs[enqueue3-on]}) enqueue3_off=$(median5 ${runs[enqueue3-off]})
+enqueue_ratios="$(percent "$enqueue_on" "$insert_on") / $(percent "$enqueue_off" "$insert_off")"
+enqueue3_ratios="$(percent "$enqueue3_on" "$insert_on") / $(percent "$enqueue3_off" "$insert_off")"
+echo "plain INSERT: $insert_on / $insert_off rows/s (synchronous_commit on / off)"
+echo "outbox_enqueue, one endpoint: $enqueue_on / $enqueue_off events/s ($enqueue_ratios of plain INSERT)"
+echo "outbox_enqueue, three endpoints: $enqueue3_on / $enqueue3_off events/s ($enqueue3_ratios of plain INSERT)"
+empty_tables
+insert_events 300000 bench NULL
+q "VACUUM ANALYZE outbox, outbox_deliveries" >/dev/null
 t0=$(now); pgbench_tps -c2 -j2 -t1500 -f "$DIR/claim_mark.sql" >/dev/null; t1=$(now)
-sql_drain=$(rate "$(q "SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")" "$(elapsed "$t0" "$t1")")
-echo "SQL-only claim+mark: $sql_drain rows/s"
+sql_drain=$(rate "$(q "SELECT count(sent_at) FROM outbox_deliveries")" "$(elapsed "$t0" "$t1")")
+echo "SQL-only claim+mark: $sql_drain deliveries/s"
 
-echo "== drain: $DRAIN_EVENTS events enqueued, then delivered"
-q "TRUNCATE outbox" >/dev/null
-q "SELECT count(outbox_enqueue('bench', jsonb_build_object('n', n))) FROM generate_series(1, $DRAIN_EVENTS) n" >/dev/null
-peak_anon=$(anon_kib)
-t0=$(now)
-set_url "$URL"
-deadline=$((SECONDS + 300))
-until [ "$(q "SELECT count(*) FROM outbox WHERE sent_at IS NULL")" = 0 ]; do
-  [ $SECONDS -lt $deadline ] || { echo "bench: drain timed out" >&2; exit 1; }
-  kib=$(anon_kib); [ "$kib" -gt "$peak_anon" ] && peak_anon=$kib
-  sleep 0.05
-done
-t1=$(now)
-drain_seconds=$(elapsed "$t0" "$t1")
+echo "== drain: $DRAIN_EVENTS events enqueued, then delivered to one endpoint"
+empty_tables
+enqueue_drain_events
+drain outbox_deliveries
 drain_rate=$(rate "$DRAIN_EVENTS" "$drain_seconds")
-echo "drain: $drain_rate events/s ($(printf '%.2f' "$drain_seconds") s); worker private memory peak $((peak_anon / 1024)) MiB"
+echo "drain: $drain_rate events/s ($(printf '%.2f' "$drain_seconds") s, $(percent "$drain_rate" "$sql_drain") of SQL-only)"
+
+echo "== fan-out drain: $DRAIN_EVENTS events enqueued, then each delivered to default, b and c"
+set_url ""
+empty_tables
+add_b_c
+enqueue_drain_events
+drain outbox_deliveries "SELECT outbox_endpoint_enable(n) FROM unnest('{b,c}'::text[]) n"
+fanout_rate=$(rate $((3 * DRAIN_EVENTS)) "$drain_seconds")
+peak_mib=$((peak_anon / 1024))
+echo "fan-out drain: $fanout_rate deliveries/s ($(printf '%.2f' "$drain_seconds") s); worker private memory peak over both drains $peak_mib MiB"
+empty_tables
+drop_b_c
 
 echo "== keep-up: 8 producers for ${DURATION}s while the workers deliver"
-q "TRUNCATE outbox" >/dev/null
+empty_tables
 enqueue_tps=$(pgbench_tps -c8 -j2 -T"$DURATION" -f "$DIR/enqueue.sql")
-read -r enqueued sent backlog <<<"$(q "SELECT count(*), count(sent_at), count(*) - count(sent_at) FROM outbox" | tr '|' ' ')"
+read -r enqueued sent backlog <<<"$(q "SELECT count(*), count(sent_at), count(*) - count(sent_at) FROM outbox_deliveries" | tr '|' ' ')"
 delivery_rate=$(rate "$sent" "$DURATION")
 backlog_seconds=$(awk -v b="$backlog" -v r="$enqueue_tps" 'BEGIN { printf "%.2f", b / r }')
-ratio=$(awk -v a="$enqueue_tps" -v b="$insert_tps" 'BEGIN { printf "%.0f%%", 100 * a / b }')
-echo "keep-up: enqueue $enqueue_tps/s ($ratio of plain INSERT), delivered $delivery_rate/s, backlog $backlog ($backlog_seconds s of enqueue)"
-wait_for "count(*) = count(sent_at) FROM outbox" 120
+ratio=$(percent "$enqueue_tps" "$insert_on")
+echo "keep-up: enqueued $enqueued at $enqueue_tps/s ($ratio of plain INSERT), delivered $delivery_rate/s, backlog $backlog ($backlog_seconds s of enqueue)"
+wait_for "count(*) = count(sent_at) FROM outbox_deliveries" 120
 
-echo "== latency: 500 events/s for ${DURATION}s, commit to receipt"
-q "TRUNCATE outbox" >/dev/null
+echo "== latency: 500 events/s for ${DURATION}s, commit to receipt, with endpoint down failing beside default"
+empty_tables
+q "SELECT outbox_endpoint_set('down', 'http://127.0.0.1:$DOWN_PORT/events')" >/dev/null
+failed_before=$(q "SELECT sum(failed) FROM outbox_workers()")
 : > "$DIR/deliveries.log"
 PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres pgbench -n -c1 -R500 -T"$DURATION" -f "$DIR/latency.sql" postgres >/dev/null 2>&1
-wait_for "count(*) = count(sent_at) FROM outbox" 60
-latency_events=$(q "SELECT count(*) FROM outbox")
+wait_for "count(*) = count(sent_at) FROM outbox_deliveries WHERE endpoint = 'default'" 60
+latency_events=$(q "SELECT count(*) FROM outbox_deliveries WHERE endpoint = 'default'")
+down_failures=$(($(q "SELECT sum(failed) FROM outbox_workers()") - failed_before))
 deadline=$((SECONDS + 30))
 until [ "$(wc -l < "$DIR/deliveries.log")" -ge "$latency_events" ]; do
   [ $SECONDS -lt $deadline ] || { echo "bench: receiver logged $(wc -l < "$DIR/deliveries.log") of $latency_events deliveries" >&2; exit 1; }
@@ -141,28 +229,65 @@ CREATE TEMP TABLE receipts (id bigint, at numeric);
 \copy receipts FROM '$DIR/deliveries.log' WITH (DELIMITER ' ')
 WITH latency AS (
   SELECT (min(r.at) - (o.payload->>'t')::numeric) * 1000 AS ms
-    FROM outbox o JOIN receipts r ON r.id = o.id GROUP BY o.id, o.payload)
+    FROM outbox_deliveries d
+    JOIN outbox o ON o.id = d.event_id
+    JOIN receipts r ON r.id = d.event_id
+   WHERE d.endpoint = 'default'
+   GROUP BY o.id, o.payload)
 SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
        round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1),
        round(max(ms), 1)
   FROM latency;
 SQL
 )"
-echo "latency over $latency_events events: p50 $p50 ms, p99 $p99 ms, max $pmax ms"
+echo "latency over $latency_events events: p50 $p50 ms, p99 $p99 ms, max $pmax ms; $down_failures failed attempts to down meanwhile"
+empty_tables
+q "SELECT outbox_endpoint_drop('down')" >/dev/null
 
-echo "== growth: claim time with $RETAINED_ROWS sent rows retained versus none"
+echo "== growth: claim time with $RETAINED_ROWS sent deliveries retained versus none"
 set_url ""
-q "TRUNCATE outbox" >/dev/null
-q "INSERT INTO outbox (topic, payload) SELECT 'pending', '{}' FROM generate_series(1, 1000)" >/dev/null
-q "VACUUM ANALYZE outbox" >/dev/null
+empty_tables
+insert_events 1000 pending NULL
+q "VACUUM ANALYZE outbox, outbox_deliveries" >/dev/null
 claim_lat() { PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres pgbench -n -c1 -T5 -f "$DIR/claim_only.sql" postgres 2>&1 | awk '/^latency average/ { print $4 }'; }
 empty_ms=$(claim_lat)
-q "INSERT INTO outbox (topic, payload, sent_at) SELECT 'history', '{\"order_id\": 1}', now() FROM generate_series(1, $RETAINED_ROWS)" >/dev/null
-q "VACUUM ANALYZE outbox" >/dev/null
+insert_events "$RETAINED_ROWS" history "now()"
+q "VACUUM ANALYZE outbox, outbox_deliveries" >/dev/null
 full_ms=$(claim_lat)
 growth=$(awk -v a="$full_ms" -v b="$empty_ms" 'BEGIN { printf "%.2f", a / b }')
-echo "claim of 100: $empty_ms ms with no history, $full_ms ms with $RETAINED_ROWS sent rows (x$growth)"
+echo "claim of 100: $empty_ms ms with no history, $full_ms ms with $RETAINED_ROWS sent deliveries (x$growth)"
 
+pg_version=$(q "SHOW server_version" | cut -d' ' -f1)
+ext_version=$(q "SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'")
+stop_cluster # its library is about to be replaced
+
+old_drain_rate=
+if [ "$COMPARE_0_1_0" = 1 ]; then
+  echo "== 0.1.0 drain: the same drain with the library of commit $OLD_COMMIT, in a new cluster"
+  git worktree add --quiet --detach "$OLD_TREE" "$OLD_COMMIT"
+  library_replaced=1
+  # Built and installed by 0.1.0's own script.
+  (cd "$OLD_TREE"; export CARGO_TARGET_DIR=$OLD_TARGET; . scripts/cluster.sh; install_extension)
+  start_cluster "$DIR/pg-0.1.0" "$PORT" "${CLUSTER_SETTINGS[@]}"
+  psql_cluster -q -c "CREATE EXTENSION outbox_ext"
+  [ "$(q "SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'")" = 0.1.0 ] ||
+    { echo "bench: the cluster did not get outbox_ext 0.1.0" >&2; exit 1; }
+  enqueue_drain_events
+  drain outbox
+  old_drain_rate=$(rate "$DRAIN_EVENTS" "$drain_seconds")
+  echo "0.1.0 drain: $old_drain_rate events/s ($(printf '%.2f' "$drain_seconds") s); this version's: $(percent "$drain_rate" "$old_drain_rate") of it"
+  stop_cluster
+  echo "== putting this version's library back"
+  install_extension
+  library_replaced=0
+fi
+
+drain_ratios="$(percent "$drain_rate" "$sql_drain") of SQL-only"
+old_drain_result="not measured (BENCH_COMPARE_0_1_0=0)"
+if [ -n "$old_drain_rate" ]; then
+  drain_ratios="$(percent "$drain_rate" "$old_drain_rate") of 0.1.0, $drain_ratios"
+  old_drain_result="$old_drain_rate events/s"
+fi
 cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 mem=$(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
 cat > bench/RESULTS.md <<EOF
@@ -170,23 +295,26 @@ cat > bench/RESULTS.md <<EOF
 
 Command: \`bench/run.sh\` (one run; all on 127.0.0.1). Recorded $(date -u +"%Y-%m-%d %H:%M UTC").
 
-Machine: $(nproc) cores ($cpu), $mem, $(uname -sr), PostgreSQL $(q "SHOW server_version" | cut -d' ' -f1),
-outbox_ext $(q "SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'") with 2 workers, default settings
+Machine: $(nproc) cores ($cpu), $mem, $(uname -sr), PostgreSQL $pg_version,
+outbox_ext $ext_version with 2 workers, default settings
 (batch_size 100, concurrency 128, synchronous_commit on). Receiver: nginx $(nginx -v 2>&1 | cut -d/ -f2) answering 204.
 
 | measure | result | target |
 |---|---|---|
 | receiver alone (wrk, 32 connections) | $receiver_rps POST/s | — |
-| plain INSERT into outbox (pgbench, 8 clients; median of 3 × 5 s) | $insert_tps rows/s | — |
-| \`outbox_enqueue\` alone, workers idle (same) | $enqueue_alone_tps/s | — |
-| SQL-only claim + mark sent (pgbench, 2 clients, batch 100) | $sql_drain rows/s | — |
-| drain: $DRAIN_EVENTS events enqueued, then delivered | $drain_rate events/s | ≥ 20,000 |
+| plain INSERT into outbox (pgbench, 8 clients; median of 5 × 5 s), synchronous_commit on / off | $insert_on / $insert_off rows/s | — |
+| \`outbox_enqueue\`, one endpoint, workers idle (same), on / off | $enqueue_on / $enqueue_off events/s ($enqueue_ratios of plain INSERT) | ≥ 85% |
+| \`outbox_enqueue\`, three endpoints, workers idle (same), on / off | $enqueue3_on / $enqueue3_off events/s ($enqueue3_ratios of plain INSERT) | — |
+| SQL-only claim + mark sent, one endpoint (pgbench, 2 clients, batch 100) | $sql_drain deliveries/s | — |
+| drain: $DRAIN_EVENTS events enqueued, then delivered to one endpoint | $drain_rate events/s ($drain_ratios) | ≥ 20,000; ≥ 90% of 0.1.0; ≥ 45% of SQL-only |
+| 0.1.0 drain, same run (library of commit $OLD_COMMIT) | $old_drain_result | — |
+| drain: $DRAIN_EVENTS events enqueued, then delivered to three endpoints | $fanout_rate deliveries/s | ≥ 15,000 |
 | keep-up: enqueue rate, 8 producers, ${DURATION} s | $enqueue_tps/s ($ratio of plain INSERT) | ≥ 90% |
 | keep-up: delivery rate | $delivery_rate/s | keeps pace |
 | keep-up: backlog at the end | $backlog events ($backlog_seconds s of enqueue) | < 1 s |
-| latency at 500 events/s, p50 / p99 / max | $p50 / $p99 / $pmax ms | ≤ 5 / ≤ 25 ms |
-| claim of 100 rows: no history / $RETAINED_ROWS sent rows retained | $empty_ms / $full_ms ms (x$growth) | ≤ 1.2× |
-| worker private memory (RssAnon) peak during the drain | $((peak_anon / 1024)) MiB | ≤ 64 MiB |
+| latency at 500 events/s with a second endpoint down, p50 / p99 / max | $p50 / $p99 / $pmax ms (endpoint down: $down_failures failed attempts) | ≤ 5 / ≤ 25 ms |
+| claim of 100 deliveries: no history / $RETAINED_ROWS sent deliveries retained | $empty_ms / $full_ms ms (x$growth) | ≤ 1.2× |
+| worker private memory (RssAnon) peak during the two drains | $peak_mib MiB | ≤ 64 MiB |
 
 Latency runs from \`clock_timestamp()\` inside the enqueuing transaction (just before its
 commit) to nginx's \`\$msec\` when the request arrived (millisecond resolution).

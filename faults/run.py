@@ -214,7 +214,7 @@ def receiver_outage(receiver):
     receiver.reset(delay=0.0)
     receiver.stop()
     rolled_back = enqueue_mixed(EVENTS)
-    wait_until("attempts are failing", lambda: sql("SELECT count(*) FROM outbox WHERE last_error IS NOT NULL") != "0")
+    wait_until("attempts are failing", lambda: sql("SELECT count(*) FROM outbox_deliveries WHERE last_error IS NOT NULL") != "0")
     time.sleep(5)  # the outage itself: five seconds of refused connections
     receiver.start()
     return rolled_back, "receiver refused connections for 5 s", None
@@ -224,7 +224,7 @@ def hanging_receiver(receiver):
     events = max(EVENTS // 8, 100)  # each first attempt costs 4 s; fewer events suffice
     receiver.reset(first_attempt="hang")
     rolled_back = enqueue_mixed(events)
-    expect = "bool_and(attempts >= 2 AND last_error = 'timeout') FROM outbox"
+    expect = "bool_and(attempts >= 2 AND last_error = 'timeout') FROM outbox_deliveries"
     return rolled_back, f"first attempts hang past the 4 s timeout ({events} events)", expect
 
 
@@ -232,7 +232,7 @@ def cut_mid_response(receiver):
     events = max(EVENTS // 8, 100)
     receiver.reset(first_attempt="cut")
     rolled_back = enqueue_mixed(events)
-    expect = "bool_and(attempts >= 2 AND last_error LIKE 'unreachable:%') FROM outbox"
+    expect = "bool_and(attempts >= 2 AND last_error LIKE 'unreachable:%') FROM outbox_deliveries"
     return rolled_back, f"first attempts cut mid-response ({events} events)", expect
 
 
@@ -241,7 +241,7 @@ def lease_shorter_than_request(receiver):
     configure(lease="1s", concurrency="1000")  # free request slots, so expired leases are claimed again
     receiver.reset(delay=3.0)  # every request outlives the lease: the row is claimed again meanwhile
     rolled_back = enqueue_mixed(events)
-    expect = "bool_and(attempts >= 2) FROM outbox"  # claimed again while the first request ran
+    expect = "bool_and(attempts >= 2) FROM outbox_deliveries"  # claimed again while the first request ran
     return rolled_back, f"1 s lease, 3 s receiver ({events} events)", expect
 
 
@@ -249,8 +249,10 @@ CLAIM = open(os.path.join(os.path.dirname(__file__), "..", "sql", "claim_batch.s
 
 
 def claim_sql(limit, lease_ms):
+    """The workers' claim for the endpoint default: (endpoint, event id, attempt, body) rows."""
     return "".join(l for l in CLAIM.splitlines(True) if not l.startswith("--")) \
-        .replace("$1", str(limit)).replace("$2", str(lease_ms)).replace("@extschema@", "public")
+        .replace("$1", "'{default}'").replace("$2", f"'{{{limit}}}'").replace("$3", f"'{{{lease_ms}}}'") \
+        .replace("@extschema@", "public")
 
 
 def two_replicas(receiver):
@@ -264,13 +266,13 @@ def two_replicas(receiver):
     def replica(index):
         connection = http.client.HTTPConnection("127.0.0.1", RECEIVER_PORT, timeout=10)
         while True:
-            rows = [line.split("|", 2) for line in sql(claim_sql(20, 5000)).splitlines() if line]
+            rows = [line.split("|", 3) for line in sql(claim_sql(20, 5000)).splitlines() if line]
             if not rows:
-                if enqueued.is_set() and sql("SELECT count(*) FROM outbox WHERE sent_at IS NULL") == "0":
+                if enqueued.is_set() and sql("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NULL") == "0":
                     return
                 continue
             sent = []
-            for event_id, _attempts, body in rows:
+            for _endpoint, event_id, _attempts, body in rows:
                 connection.request("POST", "/events", body=body,
                                    headers={"webhook-id": event_id, "content-type": "application/json"})
                 response = connection.getresponse()
@@ -278,7 +280,8 @@ def two_replicas(receiver):
                 if 200 <= response.status < 300:
                     sent.append(event_id)
             if sent:
-                sql(f"UPDATE outbox SET sent_at = now() WHERE id IN ({','.join(sent)}) AND sent_at IS NULL")
+                sql(f"UPDATE outbox_deliveries SET sent_at = now() WHERE endpoint = 'default' "
+                    f"AND event_id IN ({','.join(sent)}) AND sent_at IS NULL")
             delivered_by[index] += len(sent)
 
     threads = [threading.Thread(target=replica, args=(i,)) for i in range(2)]
@@ -288,7 +291,7 @@ def two_replicas(receiver):
     enqueued.set()
     for thread in threads:
         thread.join(DEADLINE)
-    workers = sql("SELECT count(*) FROM outbox WHERE claimed_by IN (SELECT pid FROM outbox_workers())")
+    workers = sql("SELECT count(*) FROM outbox_deliveries WHERE claimed_by IN (SELECT pid FROM outbox_workers())")
     assert receiver.overlaps == 0, f"{receiver.overlaps} rows were delivered twice at the same time"
     assert min(delivered_by) > 0 and int(workers) > 0, f"replicas {delivered_by}, workers {workers}: all take part"
     return rolled_back, (f"2 SQL claimers beside the workers (replicas delivered {delivered_by[0]} and "
@@ -314,7 +317,7 @@ def long_transaction(receiver):
     opened = time.monotonic()
     rolled_back = enqueue_mixed(EVENTS * 10)
     wait_until("everything is delivered with the transaction still open",
-               lambda: sql("SELECT count(*) FROM outbox WHERE sent_at IS NULL") == "0")
+               lambda: sql("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NULL") == "0")
     after = empty_claim_ms()
     held = time.monotonic() - opened
     holder.stdin.write("COMMIT;\n")
@@ -332,15 +335,15 @@ def run(scenario, receiver):
     # Start clean: no request of an earlier scenario may still arrive and be counted here.
     wait_until("no request is in flight", lambda: sql("SELECT coalesce(sum(in_flight), 0) FROM outbox_workers()") == "0")
     configure(**BASE_SETTINGS)
-    sql("TRUNCATE outbox")
+    sql("TRUNCATE outbox_deliveries, outbox")
     started = time.monotonic()
     rolled_back, fault, expect = scenario(receiver)
     fault_at = time.monotonic()
     wait_until("every committed event is sent or dead",
-               lambda: sql("SELECT count(*) FROM outbox WHERE sent_at IS NULL AND dead_at IS NULL") == "0")
+               lambda: sql("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NULL AND dead_at IS NULL") == "0")
     recovery = time.monotonic() - fault_at
     committed = set(int(i) for i in sql("SELECT id FROM outbox").split())
-    dead = int(sql("SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL"))
+    dead = int(sql("SELECT count(*) FROM outbox_deliveries WHERE dead_at IS NOT NULL"))
     with receiver.lock:
         received = list(receiver.ids)
         rolled_back_delivered = receiver.rolled_back
@@ -365,23 +368,46 @@ def run(scenario, receiver):
 
 
 def secrets_stay_out_of_the_log():
-    """Sets a signing secret and a webhook URL carrying a password and a token, reloads, and
-    reads the server log: PostgreSQL logs every changed setting, and neither may appear."""
+    """Sets 0.1.0's signing secret setting and a webhook URL carrying a password and a token,
+    reloads, rotates endpoint secrets (generated, given, given in a failing statement) with every
+    statement logged, and reads the server log: none of the secrets may appear."""
     tag = f"{os.getpid()}{int(time.time())}"
     secret_key = base64.b64encode(f"secret-{tag}".encode()).decode()
     plain_url = f"http://127.0.0.1:{RECEIVER_PORT}/events"
+    sql("ALTER SYSTEM SET log_statement = 'all'")
     sql(f"ALTER SYSTEM SET outbox.signing_secret = 'whsec_{secret_key}'")
     configure(webhook_url=f"http://relay:password-{tag}@127.0.0.1:{RECEIVER_PORT}/events?token=token-{tag}")
     log_path = f"{DATA}/../server.log"
     wait_until("the reload is logged", lambda: 'parameter "outbox.signing_secret" changed (value hidden)'
                in subprocess.run(["cat", log_path], capture_output=True, text=True).stdout, deadline=30)
+    generated = sql("SELECT outbox_endpoint_rotate_secret('default')")  # signs what follows
+    # A failing statement is logged with its text (log_min_error_statement): here, a secret
+    # given for an endpoint that does not exist, and a URL with a password.
+    given = "whsec_" + base64.b64encode(f"given-secret-{tag}-0123456789".encode()).decode()
+    sql(f"SELECT outbox_endpoint_rotate_secret('default', '{given}', '0 seconds')")  # logged by log_statement
+    for failing in (f"SELECT outbox_endpoint_rotate_secret('missing', '{given}')",
+                    f"SELECT outbox_endpoint_set('x', 'https://relay:given-pw-{tag}@127.0.0.1/', '{{}}')"):
+        try:
+            sql(failing)
+            raise AssertionError(f"{failing} should fail")
+        except subprocess.CalledProcessError:
+            pass
+    signed = sql("SELECT outbox_enqueue('signed', '{}')")
+    wait_until("a signed event is delivered", lambda: sql(
+        f"SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NOT NULL AND event_id = {signed}") == "1")
     log = subprocess.run(["cat", log_path], capture_output=True, text=True).stdout
     sql("ALTER SYSTEM RESET outbox.signing_secret")
+    sql("ALTER SYSTEM RESET log_statement")
     configure(webhook_url=plain_url)
-    leaked = [what for what in (secret_key, f"password-{tag}", f"token-{tag}") if what in log]
+    assert "endpoint 'missing' does not exist" in log, "the failing statements' errors are in the log"
+    assert "statement hidden by outbox_ext" in log, "log_statement logged the statements, hidden"
+    leaked = [what for what in (secret_key, generated[6:], given[6:], f"given-pw-{tag}", f"password-{tag}", f"token-{tag}")
+              if what in log]
     if leaked:
         raise AssertionError(f"the server log shows {leaked}")
-    print("== secrets stay out of the log: signing secret, URL password and token all absent", flush=True)
+    print("== secrets stay out of the log: 0.1.0's signing secret setting, a generated endpoint secret, "
+          "a secret and a URL password in failing statements, the webhook URL's password and token all absent",
+          flush=True)
 
 
 def database_lifecycle():
@@ -402,7 +428,7 @@ def database_lifecycle():
         in_database("CREATE EXTENSION IF NOT EXISTS outbox_ext")
         in_database("SELECT outbox_enqueue('lifecycle', '{}') FROM generate_series(1, 10)")
         wait_until("events flow in the new database",
-                   lambda: in_database("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL") == "10", deadline=60)
+                   lambda: in_database("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NOT NULL") == "10", deadline=60)
 
     sql(f"DROP DATABASE IF EXISTS {name}")
     sql(f"DROP DATABASE IF EXISTS {name}_renamed")

@@ -14,6 +14,7 @@ install_extension() {
   echo "== building and installing outbox_ext (release)"
   local sudo_flag=()
   [ "$(id -u)" = 0 ] || sudo_flag=(--sudo)
+  assemble_update_scripts
   cargo pgrx install --release "${sudo_flag[@]}" --pg-config "$PG_BIN/pg_config" >/dev/null
   install_released_scripts
 }
@@ -27,6 +28,18 @@ install_released_scripts() {
   for script in sql/outbox_ext--*.sql; do
     case "$script" in *--*--*) continue ;; esac
     if [ "$(id -u)" = 0 ]; then install -m 644 "$script" "$dir/"; else sudo install -m 644 "$script" "$dir/"; fi
+  done
+}
+
+# The update scripts are assembled from sql/updates/A--B.sql: each line "--@include FILE"
+# becomes the text of sql/FILE, so an update creates its new objects from the very text a
+# fresh install runs. The result, sql/outbox_ext--A--B.sql, is committed (cargo pgrx install
+# copies it from there); scripts/test.sh checks that it is up to date.
+assemble_update_scripts() {
+  local source
+  for source in sql/updates/*--*.sql; do
+    awk '/^--@include / { file = "sql/" $2; while ((getline line < file) > 0) print line; close(file); next } { print }' \
+      "$source" >"sql/outbox_ext--$(basename "$source")"
   done
 }
 

@@ -31,3 +31,9 @@ if ! grep -qs "pg$PG_MAJOR" "$PGRX_HOME/config.toml"; then
   echo "setup: pointing pgrx at the system PostgreSQL $PG_MAJOR"
   cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG"
 fi
+
+# The official Standard Webhooks library for Python: the tests verify signatures with it.
+if ! python3 -c 'import standardwebhooks' 2>/dev/null; then
+  echo "setup: installing the Python package standardwebhooks"
+  python3 -m pip install --quiet standardwebhooks
+fi

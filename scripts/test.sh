@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 . scripts/cluster.sh
 install_released_scripts
+assemble_update_scripts
 
 # PostgreSQL refuses to run as root, so the test cluster runs as the postgres OS user, in a
 # directory that user can write. pgrx creates the cluster and removes it afterwards.
@@ -22,3 +23,11 @@ RUST_TEST_THREADS=1 cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGDATA_DIR" "$
 
 # The fault-injection suite: crashes, restarts, shutdowns and receiver failures under load.
 faults/run.sh
+
+# The update scripts ship as assembled (cargo pgrx install copies them from sql/): the
+# committed ones must be what their sources give, which the tests above just ran.
+if ! git diff --quiet -- 'sql/outbox_ext--*--*.sql'; then
+  echo "test: sql/outbox_ext--*--*.sql differ from what sql/updates/ assembles to; commit them:" >&2
+  git diff --stat -- 'sql/outbox_ext--*--*.sql' >&2
+  exit 1
+fi

@@ -1,14 +1,57 @@
--- The SQL-only part of the user-facing API. outbox_enqueue() is in src/api.rs, because it
--- checks a setting and wakes the workers at commit.
+-- The user-facing functions. A fresh install runs this file last; the update from 0.1.0
+-- includes it, so CREATE OR REPLACE throughout.
 --
 -- Privileges: every function below runs as the extension's owner (SECURITY DEFINER) with
 -- search_path pinned to pg_catalog, so a role needs nothing but EXECUTE on a function to use
 -- it, can do nothing through it but what it says, and nothing that role (or anyone) created
 -- can run inside it. EXECUTE is granted to nobody by default: see the README's GRANT recipes.
 
+-- Written in Rust (src/api.rs): it checks a setting and wakes the workers at commit. Its
+-- statement (sql/enqueue.sql) names every object by schema instead of pinning search_path,
+-- which would cost each call a settings save and restore.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_enqueue(
+    topic text,
+    payload jsonb,
+    key text DEFAULT NULL,
+    deliver_at timestamptz DEFAULT NULL)
+RETURNS bigint
+LANGUAGE c
+VOLATILE PARALLEL UNSAFE
+SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'enqueue_wrapper';
+
+-- Written in Rust: reads the workers' shared memory.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_workers()
+RETURNS TABLE (
+    worker integer,
+    pid integer,
+    settings_loaded_at timestamptz,
+    in_flight bigint,
+    delivered bigint,
+    failed bigint)
+LANGUAGE c
+VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'outbox_workers_wrapper';
+
+-- Whether a topic matches any of an endpoint's patterns: '*', the topic itself, or a prefix
+-- ending in '.*' ('order.*' matches 'order.placed' and 'order.a.b', not 'order' nor
+-- 'orders.x'). Inlined into its callers, so it names every operator and function by schema.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_topic_matches(patterns text[], topic text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT EXISTS (
+        SELECT FROM pg_catalog.unnest(patterns) AS p (pattern)
+         WHERE p.pattern OPERATOR(pg_catalog.=) '*'
+            OR p.pattern OPERATOR(pg_catalog.=) topic
+            OR (pg_catalog.right(p.pattern, 2) OPERATOR(pg_catalog.=) '.*'
+                AND pg_catalog.starts_with(topic, pg_catalog.left(p.pattern, -1))))
+$$;
+
 -- For consumers: call in the transaction that applies the event. True the first time this
 -- consumer sees the id; false for a duplicate, whose effect the caller then skips.
-CREATE FUNCTION outbox_mark_processed(event_id bigint, consumer text DEFAULT 'default')
+CREATE OR REPLACE FUNCTION @extschema@.outbox_mark_processed(event_id bigint, consumer text DEFAULT 'default')
 RETURNS boolean
 LANGUAGE sql
 SECURITY DEFINER
@@ -23,49 +66,141 @@ AS $$
     SELECT count(*) = 1 FROM recorded
 $$;
 
--- Puts a dead (or pending) event back in the queue with a fresh attempt budget.
--- False when the event was already sent or does not exist.
-CREATE FUNCTION outbox_requeue(id bigint)
-RETURNS boolean
+-- Puts the dead (or pending) deliveries of an event back in the queue with a fresh attempt
+-- budget: to one endpoint, or to all of them when endpoint is null. Returns how many. Sent
+-- deliveries are left alone (outbox_replay sends those again), and so is one a worker holds
+-- right now (claimed, lease running, no failure recorded yet): its request may be in flight.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_requeue(event_id bigint, endpoint text DEFAULT NULL)
+RETURNS integer
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH requeued AS (
-        UPDATE @extschema@.outbox
-           SET dead_at = NULL, attempts = 0, available_at = now()
-         WHERE outbox.id = $1
-           AND sent_at IS NULL
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET dead_at = NULL, attempts = 0, available_at = now(), claimed_by = NULL
+         WHERE d.event_id = $1
+           AND ($2 IS NULL OR d.endpoint = $2)
+           AND d.sent_at IS NULL
+           AND NOT (d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now())
         RETURNING 1
     )
-    SELECT count(*) = 1 FROM requeued
+    SELECT count(*)::integer FROM requeued
 $$;
 
--- The numbers an alert watches. pending: due now; waiting: claimed or backing off;
--- oldest_pending_age: age of the oldest event not yet sent nor dead.
-CREATE FUNCTION outbox_stats(
+-- Delivers again every retained event created in [since, until) whose topic the endpoint
+-- matches, sent or not: how a new endpoint back-fills and how one recovers after an incident.
+-- Returns the number of deliveries created or reset (one a worker holds right now is left to
+-- its claim).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_replay(endpoint text, since timestamptz, until timestamptz DEFAULT now())
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    patterns text[];
+    replayed bigint;
+BEGIN
+    IF since IS NULL OR until IS NULL THEN
+        RAISE EXCEPTION 'outbox_replay: since and until must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT e.topics INTO patterns FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_replay.endpoint;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'outbox_replay: endpoint % does not exist', quote_nullable(outbox_replay.endpoint)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO @extschema@.outbox_deliveries AS d (event_id, endpoint)
+    SELECT o.id, outbox_replay.endpoint
+      FROM @extschema@.outbox AS o
+     WHERE o.created_at >= since AND o.created_at < until
+       AND @extschema@.outbox_topic_matches(patterns, o.topic)
+    ON CONFLICT ON CONSTRAINT outbox_deliveries_pkey DO UPDATE
+       SET sent_at = NULL, dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL, claimed_by = NULL
+     WHERE NOT (d.sent_at IS NULL AND d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now());
+    GET DIAGNOSTICS replayed = ROW_COUNT;
+    DELETE FROM @extschema@.outbox_unrouted AS u
+     USING @extschema@.outbox AS o
+     WHERE o.id = u.event_id
+       AND o.created_at >= since AND o.created_at < until
+       AND @extschema@.outbox_topic_matches(patterns, o.topic);
+    RETURN replayed;
+END
+$$;
+
+-- Per endpoint: how many of its deliveries are pending (due now), waiting (leased, backing
+-- off, scheduled, or the endpoint is disabled) and dead, how long the oldest due one has
+-- waited, and its health. Read from the pending and dead indexes, never the sent history.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_stats(
+    OUT endpoint text,
+    OUT pending bigint,
+    OUT waiting bigint,
+    OUT dead bigint,
+    OUT oldest_pending_age interval,
+    OUT failing_since timestamptz,
+    OUT disabled_at timestamptz)
+RETURNS SETOF record
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH queued AS (
+        SELECT d.endpoint,
+               count(*) FILTER (WHERE d.available_at <= now()) AS due,
+               count(*) FILTER (WHERE d.available_at > now()) AS later,
+               min(d.available_at) FILTER (WHERE d.available_at <= now()) AS oldest_due
+          FROM @extschema@.outbox_deliveries AS d
+         WHERE d.sent_at IS NULL AND d.dead_at IS NULL
+         GROUP BY d.endpoint
+    ), dead AS (
+        SELECT d.endpoint, count(*) AS dead
+          FROM @extschema@.outbox_deliveries AS d
+         WHERE d.dead_at IS NOT NULL
+         GROUP BY d.endpoint
+    )
+    SELECT e.name,
+           CASE WHEN e.disabled_at IS NULL THEN coalesce(q.due, 0) ELSE 0 END,
+           CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0) ELSE coalesce(q.due, 0) + coalesce(q.later, 0) END,
+           coalesce(x.dead, 0),
+           CASE WHEN e.disabled_at IS NULL THEN now() - q.oldest_due END,
+           e.failing_since,
+           e.disabled_at
+      FROM @extschema@.outbox_endpoints AS e
+      LEFT JOIN queued AS q ON q.endpoint = e.name
+      LEFT JOIN dead AS x ON x.endpoint = e.name
+     ORDER BY e.name
+$$;
+
+-- The numbers an alert watches, over all endpoints: outbox_endpoint_stats() summed, with the
+-- deliveries acknowledged so far (counted as they were recorded) and the unrouted events.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_stats(
     OUT pending bigint,
     OUT waiting bigint,
     OUT sent bigint,
     OUT dead bigint,
+    OUT unrouted bigint,
     OUT oldest_pending_age interval)
 LANGUAGE sql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT count(*) FILTER (WHERE sent_at IS NULL AND dead_at IS NULL AND available_at <= now()),
-           count(*) FILTER (WHERE sent_at IS NULL AND dead_at IS NULL AND available_at > now()),
-           count(*) FILTER (WHERE sent_at IS NOT NULL),
-           count(*) FILTER (WHERE dead_at IS NOT NULL),
-           now() - min(created_at) FILTER (WHERE sent_at IS NULL AND dead_at IS NULL)
-      FROM @extschema@.outbox
+    SELECT coalesce(sum(s.pending), 0)::bigint,
+           coalesce(sum(s.waiting), 0)::bigint,
+           (SELECT coalesce(sum(c.sent), 0)::bigint FROM @extschema@.outbox_delivery_counts AS c),
+           coalesce(sum(s.dead), 0)::bigint,
+           (SELECT count(*) FROM @extschema@.outbox_unrouted),
+           max(s.oldest_pending_age)
+      FROM @extschema@.outbox_endpoint_stats() AS s
 $$;
 
--- PostgreSQL lets PUBLIC execute every new function; take that back, for the functions above
--- and for the two written in Rust.
-REVOKE ALL ON FUNCTION outbox_enqueue(text, jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox_mark_processed(bigint, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox_requeue(bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox_stats() FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox_workers() FROM PUBLIC;
+-- PostgreSQL lets PUBLIC execute every new function; take that back.
+REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_workers() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_topic_matches(text[], text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_mark_processed(bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_requeue(bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_replay(text, timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_stats() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_stats() FROM PUBLIC;

@@ -1,24 +1,44 @@
--- Claim up to $1 due events for this worker, in one autocommit statement.
--- The inner SELECT walks the outbox_pending index in claim order and skips rows another
--- claimer has locked; the UPDATE pushes available_at forward by the lease ($2 milliseconds,
--- float8), so if this worker dies the rows become claimable again by themselves.
+-- Claim due deliveries for this worker, in one autocommit statement: for each endpoint in $1
+-- at most the matching count in $2, so a backlog at one endpoint never stands in front of
+-- another's fresh events. Each inner SELECT walks that endpoint's part of the
+-- outbox_deliveries_pending index in claim order and skips rows another claimer has locked;
+-- the UPDATE pushes available_at forward by the endpoint's lease ($3, float8 milliseconds:
+-- longer than its request timeout), so if this worker dies the deliveries become claimable
+-- again by themselves, and never while their request may still run. A disabled (or dropped)
+-- endpoint gets nothing, even if the worker has not noticed yet.
 -- The body is the delivery envelope: {"type", "timestamp", "data"}.
 --
 -- Like every statement the workers run, this one runs with search_path = pg_catalog, pg_temp
 -- and names the extension's tables by their schema: with exact argument types, each operator
 -- and function resolves to pg_catalog, whatever anyone created elsewhere.
-UPDATE @extschema@.outbox
-   SET attempts     = attempts + 1,
-       available_at = now() + $2 * interval '1 millisecond',
-       claimed_by   = pg_backend_pid()
- WHERE id IN (SELECT id
-                FROM @extschema@.outbox
-               WHERE sent_at IS NULL
-                 AND dead_at IS NULL
-                 AND available_at <= now()
-               ORDER BY available_at, id
-               LIMIT $1
-                 FOR UPDATE SKIP LOCKED)
-RETURNING id,
-          attempts,
-          json_build_object('type', topic, 'timestamp', created_at, 'data', payload)::text
+WITH claimable AS (
+    SELECT c.event_id, c.endpoint, w.lease_ms
+      FROM unnest($1::text[], $2::bigint[], $3::float8[]) AS w (endpoint, max_events, lease_ms)
+      JOIN @extschema@.outbox_endpoints AS e
+        ON e.name = w.endpoint AND e.kind = 'webhook' AND e.disabled_at IS NULL
+     CROSS JOIN LATERAL (
+            SELECT d.event_id, d.endpoint
+              FROM @extschema@.outbox_deliveries AS d
+             WHERE d.endpoint = w.endpoint
+               AND d.sent_at IS NULL
+               AND d.dead_at IS NULL
+               AND d.available_at <= now()
+             ORDER BY d.available_at, d.event_id
+             LIMIT w.max_events
+               FOR UPDATE SKIP LOCKED) AS c
+), claimed AS (
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET attempts     = d.attempts + 1,
+           available_at = now() + c.lease_ms * interval '1 millisecond',
+           claimed_by   = pg_backend_pid()
+      FROM claimable AS c
+     WHERE d.event_id = c.event_id
+       AND d.endpoint = c.endpoint
+    RETURNING d.endpoint, d.event_id, d.attempts
+)
+SELECT c.endpoint,
+       c.event_id,
+       c.attempts,
+       json_build_object('type', o.topic, 'timestamp', o.created_at, 'data', o.payload)::text
+  FROM claimed AS c
+  JOIN @extschema@.outbox AS o ON o.id = c.event_id

@@ -1,25 +1,638 @@
 -- outbox_ext 0.1.0 -> 0.2.0. Run by ALTER EXTENSION outbox_ext UPDATE; every row stays.
--- A fresh 0.2.0 install (sql/schema.sql, sql/api.sql) and 0.1.0 updated by this script have
--- the same objects: src/e2e/upgrade.rs compares them.
 --
--- Only statements without operators or function calls that a search_path could redirect:
--- this script runs as a superuser, with the extension's schema on the path.
+-- This is the source of sql/outbox_ext--0.1.0--0.2.0.sql: scripts/cluster.sh replaces each
+-- "--@include FILE" line by sql/FILE, the text a fresh install runs, so a fresh 0.2.0 and
+-- 0.1.0 updated have the same objects (src/e2e/upgrade.rs compares them).
+--
+-- The statements written here name every function and operator by schema: this script runs
+-- as a superuser, with the extension's schema on the search_path.
 
 \echo Use "ALTER EXTENSION outbox_ext UPDATE" to load this file. \quit
 
 -- pg_dump now keeps the id sequence's position, so a restore never hands out an id again.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_id_seq', '');
 
--- Every function runs as the extension's owner (the SQL ones with search_path pinned to
--- pg_catalog; outbox_enqueue qualifies every name itself), and PUBLIC may execute none of them: roles get EXECUTE on what they need (README, "Security";
--- CHANGELOG.md says which GRANTs keep 0.1.0's producers working).
-ALTER FUNCTION @extschema@.outbox_enqueue(pg_catalog.text, pg_catalog.jsonb) SECURITY DEFINER;
-ALTER FUNCTION @extschema@.outbox_mark_processed(pg_catalog.int8, pg_catalog.text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION @extschema@.outbox_requeue(pg_catalog.int8) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION @extschema@.outbox_stats() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+-- Functions whose arguments or results change are replaced below; privileges granted on the
+-- old ones go with them (CHANGELOG.md says which GRANTs to run).
+DROP FUNCTION @extschema@.outbox_enqueue(pg_catalog.text, pg_catalog.jsonb);
+DROP FUNCTION @extschema@.outbox_requeue(pg_catalog.int8);
+DROP FUNCTION @extschema@.outbox_stats();
 
-REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(pg_catalog.text, pg_catalog.jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION @extschema@.outbox_mark_processed(pg_catalog.int8, pg_catalog.text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION @extschema@.outbox_requeue(pg_catalog.int8) FROM PUBLIC;
-REVOKE ALL ON FUNCTION @extschema@.outbox_stats() FROM PUBLIC;
+-- Endpoints and deliveries (0.2.0). A fresh install runs this file after sql/schema.sql; the
+-- update from 0.1.0 includes it, so both end with the same objects.
+
+-- Where events go: one row per endpoint, kept by outbox_endpoint_set() and friends
+-- (sql/endpoints.sql). The relay workers keep the health columns.
+CREATE TABLE @extschema@.outbox_endpoints (
+    name            text        PRIMARY KEY,
+    kind            text        NOT NULL DEFAULT 'webhook',
+    url             text,
+    topics          text[]      NOT NULL DEFAULT '{*}',
+    headers         jsonb       NOT NULL DEFAULT '{}',
+    timeout         interval,
+    max_attempts    integer,
+    max_in_flight   integer,
+    ordered         boolean     NOT NULL DEFAULT false,
+    failing_since   timestamptz,
+    last_success_at timestamptz,
+    last_error      text,
+    disabled_at     timestamptz,
+    disabled_reason text,
+    CONSTRAINT outbox_endpoints_kind CHECK (kind IN ('webhook', 'pull'))
+);
+
+COMMENT ON TABLE @extschema@.outbox_endpoints IS 'Receivers of events; change them with outbox_endpoint_set() and the other outbox_endpoint_* functions.';
+COMMENT ON COLUMN @extschema@.outbox_endpoints.kind IS 'webhook: the relay workers POST to url; pull: consumers claim over SQL.';
+COMMENT ON COLUMN @extschema@.outbox_endpoints.url IS 'For default, null means the setting outbox.webhook_url.';
+COMMENT ON COLUMN @extschema@.outbox_endpoints.topics IS 'Patterns: a topic (order.placed), a prefix up to a dot (order.*), or * for all.';
+COMMENT ON COLUMN @extschema@.outbox_endpoints.headers IS 'Static request headers, {"name": "value"}.';
+COMMENT ON COLUMN @extschema@.outbox_endpoints.timeout IS 'Whole-request timeout; null means outbox.http_timeout.';
+COMMENT ON COLUMN @extschema@.outbox_endpoints.max_attempts IS 'Attempts before a delivery is dead; null means outbox.max_attempts.';
+COMMENT ON COLUMN @extschema@.outbox_endpoints.max_in_flight IS 'Requests in flight per relay worker; null means outbox.concurrency.';
+COMMENT ON COLUMN @extschema@.outbox_endpoints.failing_since IS 'First failed attempt since the last success; null while healthy.';
+COMMENT ON COLUMN @extschema@.outbox_endpoints.disabled_at IS 'Set by outbox_endpoint_disable() or after outbox.endpoint_disable_after of failures; deliveries wait.';
+
+-- Signing secrets, apart from every table a role may be granted: only the extension's owner
+-- (and superusers) can read them. An endpoint has its current secret (expires_at null) and,
+-- during a rotation's grace period, the previous one.
+CREATE TABLE @extschema@.outbox_endpoint_secrets (
+    endpoint   text        NOT NULL,
+    generation integer     NOT NULL,
+    secret     text        NOT NULL,
+    expires_at timestamptz,
+    PRIMARY KEY (endpoint, generation)
+);
+
+COMMENT ON TABLE @extschema@.outbox_endpoint_secrets IS 'Signing secrets of the endpoints; set with outbox_endpoint_rotate_secret(). Grant it to nobody.';
+
+-- One row per (event, endpoint): the delivery state. available_at doubles as the lease a
+-- claim takes.
+CREATE TABLE @extschema@.outbox_deliveries (
+    event_id     bigint      NOT NULL,
+    endpoint     text        NOT NULL,
+    available_at timestamptz NOT NULL DEFAULT now(),
+    attempts     integer     NOT NULL DEFAULT 0,
+    sent_at      timestamptz,
+    dead_at      timestamptz,
+    last_error   text,
+    claimed_by   integer,
+    PRIMARY KEY (event_id, endpoint)
+);
+
+COMMENT ON TABLE @extschema@.outbox_deliveries IS 'One row per event and endpoint it was routed to: the delivery state.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.available_at IS 'Not claimable before this; a claim pushes it forward by outbox.lease.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.attempts IS 'Number of claims so far.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.sent_at IS 'Set only after the receiver answered 2xx.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.dead_at IS 'Set when attempts reached the cap; outbox_requeue() brings the delivery back.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.last_error IS 'What the last failed attempt saw: HTTP status, timeout or connection error.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.claimed_by IS 'Process id of the relay worker that claimed the delivery last (see pg_stat_activity); cleared when its failure is recorded.';
+
+-- The queue: only deliveries still to make, per endpoint in claim order. Its size tracks the
+-- backlog, not the history, and every claim is served by it.
+CREATE INDEX outbox_deliveries_pending ON @extschema@.outbox_deliveries (endpoint, available_at, event_id)
+    WHERE sent_at IS NULL AND dead_at IS NULL;
+-- Retention walks sent deliveries oldest first; stats count dead ones without reading history.
+CREATE INDEX outbox_deliveries_sent ON @extschema@.outbox_deliveries (sent_at)
+    WHERE sent_at IS NOT NULL;
+CREATE INDEX outbox_deliveries_dead ON @extschema@.outbox_deliveries (endpoint)
+    WHERE dead_at IS NOT NULL;
+
+-- Events that no endpoint was subscribed to when they were enqueued (or whose endpoints were
+-- dropped): kept for outbox_replay() and counted by outbox_stats(), until retention.
+CREATE TABLE @extschema@.outbox_unrouted (
+    event_id   bigint      PRIMARY KEY,
+    created_at timestamptz NOT NULL
+);
+
+COMMENT ON TABLE @extschema@.outbox_unrouted IS 'Retained events with no delivery.';
+COMMENT ON COLUMN @extschema@.outbox_unrouted.created_at IS 'The event''s created_at: retention walks this index.';
+
+CREATE INDEX outbox_unrouted_created_at ON @extschema@.outbox_unrouted (created_at);
+
+-- Acknowledged deliveries, counted as they are recorded: outbox_stats() reads the sum instead
+-- of the history. Each session adds to its own shard, so writers rarely wait for each other.
+CREATE TABLE @extschema@.outbox_delivery_counts (
+    endpoint text    NOT NULL,
+    shard    integer NOT NULL,
+    sent     bigint  NOT NULL DEFAULT 0,
+    PRIMARY KEY (endpoint, shard)
+);
+
+COMMENT ON TABLE @extschema@.outbox_delivery_counts IS 'Deliveries acknowledged since the extension was created, per endpoint.';
+
+-- Setting only outbox.webhook_url delivers every event, as 0.1.0 did.
+INSERT INTO @extschema@.outbox_endpoints (name) VALUES ('default');
+
+-- pg_dump keeps the rows. CREATE EXTENSION makes the endpoint default again on restore, so
+-- its row is left out of the dump.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_endpoints', 'WHERE name OPERATOR(pg_catalog.<>) ''default''');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_endpoint_secrets', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_deliveries', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_unrouted', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_delivery_counts', '');
+
+-- 0.1.0 delivered every event to one URL: its delivery state becomes the default endpoint's.
+INSERT INTO @extschema@.outbox_deliveries
+       (event_id, endpoint, available_at, attempts, sent_at, dead_at, last_error, claimed_by)
+SELECT o.id, 'default', o.available_at, o.attempts, o.sent_at, o.dead_at, o.last_error, o.claimed_by
+  FROM @extschema@.outbox AS o;
+INSERT INTO @extschema@.outbox_delivery_counts (endpoint, shard, sent)
+SELECT 'default', 0, pg_catalog.count(o.sent_at)
+  FROM @extschema@.outbox AS o;
+-- 0.1.0 let producers INSERT into outbox; such a row would now be an event with no delivery,
+-- never sent. Take those privileges back, so that a producer not yet moved to outbox_enqueue
+-- fails loudly instead (CHANGELOG.md gives the GRANT that replaces them).
+DO $$
+DECLARE
+    grantee pg_catalog.text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                             ELSE pg_catalog.quote_ident(r.rolname) END
+          FROM pg_catalog.pg_class AS c
+         CROSS JOIN pg_catalog.aclexplode(c.relacl) AS a
+          LEFT JOIN pg_catalog.pg_roles AS r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE c.oid OPERATOR(pg_catalog.=) '@extschema@.outbox'::pg_catalog.regclass
+           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+           AND a.privilege_type OPERATOR(pg_catalog.=) ANY (ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE'])
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON @extschema@.outbox FROM %s', grantee);
+    END LOOP;
+END
+$$;
+
+-- A signing secret set for 0.1.0 goes on signing the default endpoint's deliveries; the
+-- setting is no longer read.
+INSERT INTO @extschema@.outbox_endpoint_secrets (endpoint, generation, secret)
+SELECT 'default', 1, s.secret
+  FROM (SELECT pg_catalog.btrim(pg_catalog.current_setting('outbox.signing_secret', true)) AS secret) AS s
+ WHERE s.secret OPERATOR(pg_catalog.<>) '';
+
+ALTER TABLE @extschema@.outbox
+    DROP COLUMN available_at,
+    DROP COLUMN attempts,
+    DROP COLUMN sent_at,
+    DROP COLUMN dead_at,
+    DROP COLUMN last_error,
+    DROP COLUMN claimed_by,
+    ADD COLUMN key pg_catalog.text;
+COMMENT ON TABLE @extschema@.outbox IS 'Events enqueued by outbox_enqueue(); their delivery state is in outbox_deliveries.';
+COMMENT ON COLUMN @extschema@.outbox.key IS 'Ordering key (e.g. the aggregate id); null means unordered.';
+
+-- The user-facing functions. A fresh install runs this file last; the update from 0.1.0
+-- includes it, so CREATE OR REPLACE throughout.
+--
+-- Privileges: every function below runs as the extension's owner (SECURITY DEFINER) with
+-- search_path pinned to pg_catalog, so a role needs nothing but EXECUTE on a function to use
+-- it, can do nothing through it but what it says, and nothing that role (or anyone) created
+-- can run inside it. EXECUTE is granted to nobody by default: see the README's GRANT recipes.
+
+-- Written in Rust (src/api.rs): it checks a setting and wakes the workers at commit. Its
+-- statement (sql/enqueue.sql) names every object by schema instead of pinning search_path,
+-- which would cost each call a settings save and restore.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_enqueue(
+    topic text,
+    payload jsonb,
+    key text DEFAULT NULL,
+    deliver_at timestamptz DEFAULT NULL)
+RETURNS bigint
+LANGUAGE c
+VOLATILE PARALLEL UNSAFE
+SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'enqueue_wrapper';
+
+-- Written in Rust: reads the workers' shared memory.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_workers()
+RETURNS TABLE (
+    worker integer,
+    pid integer,
+    settings_loaded_at timestamptz,
+    in_flight bigint,
+    delivered bigint,
+    failed bigint)
+LANGUAGE c
+VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'outbox_workers_wrapper';
+
+-- Whether a topic matches any of an endpoint's patterns: '*', the topic itself, or a prefix
+-- ending in '.*' ('order.*' matches 'order.placed' and 'order.a.b', not 'order' nor
+-- 'orders.x'). Inlined into its callers, so it names every operator and function by schema.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_topic_matches(patterns text[], topic text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT EXISTS (
+        SELECT FROM pg_catalog.unnest(patterns) AS p (pattern)
+         WHERE p.pattern OPERATOR(pg_catalog.=) '*'
+            OR p.pattern OPERATOR(pg_catalog.=) topic
+            OR (pg_catalog.right(p.pattern, 2) OPERATOR(pg_catalog.=) '.*'
+                AND pg_catalog.starts_with(topic, pg_catalog.left(p.pattern, -1))))
+$$;
+
+-- For consumers: call in the transaction that applies the event. True the first time this
+-- consumer sees the id; false for a duplicate, whose effect the caller then skips.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_mark_processed(event_id bigint, consumer text DEFAULT 'default')
+RETURNS boolean
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH recorded AS (
+        INSERT INTO @extschema@.processed_events (consumer, event_id)
+        VALUES ($2, $1)
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) = 1 FROM recorded
+$$;
+
+-- Puts the dead (or pending) deliveries of an event back in the queue with a fresh attempt
+-- budget: to one endpoint, or to all of them when endpoint is null. Returns how many. Sent
+-- deliveries are left alone (outbox_replay sends those again), and so is one a worker holds
+-- right now (claimed, lease running, no failure recorded yet): its request may be in flight.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_requeue(event_id bigint, endpoint text DEFAULT NULL)
+RETURNS integer
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH requeued AS (
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET dead_at = NULL, attempts = 0, available_at = now(), claimed_by = NULL
+         WHERE d.event_id = $1
+           AND ($2 IS NULL OR d.endpoint = $2)
+           AND d.sent_at IS NULL
+           AND NOT (d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now())
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM requeued
+$$;
+
+-- Delivers again every retained event created in [since, until) whose topic the endpoint
+-- matches, sent or not: how a new endpoint back-fills and how one recovers after an incident.
+-- Returns the number of deliveries created or reset (one a worker holds right now is left to
+-- its claim).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_replay(endpoint text, since timestamptz, until timestamptz DEFAULT now())
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    patterns text[];
+    replayed bigint;
+BEGIN
+    IF since IS NULL OR until IS NULL THEN
+        RAISE EXCEPTION 'outbox_replay: since and until must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT e.topics INTO patterns FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_replay.endpoint;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'outbox_replay: endpoint % does not exist', quote_nullable(outbox_replay.endpoint)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO @extschema@.outbox_deliveries AS d (event_id, endpoint)
+    SELECT o.id, outbox_replay.endpoint
+      FROM @extschema@.outbox AS o
+     WHERE o.created_at >= since AND o.created_at < until
+       AND @extschema@.outbox_topic_matches(patterns, o.topic)
+    ON CONFLICT ON CONSTRAINT outbox_deliveries_pkey DO UPDATE
+       SET sent_at = NULL, dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL, claimed_by = NULL
+     WHERE NOT (d.sent_at IS NULL AND d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now());
+    GET DIAGNOSTICS replayed = ROW_COUNT;
+    DELETE FROM @extschema@.outbox_unrouted AS u
+     USING @extschema@.outbox AS o
+     WHERE o.id = u.event_id
+       AND o.created_at >= since AND o.created_at < until
+       AND @extschema@.outbox_topic_matches(patterns, o.topic);
+    RETURN replayed;
+END
+$$;
+
+-- Per endpoint: how many of its deliveries are pending (due now), waiting (leased, backing
+-- off, scheduled, or the endpoint is disabled) and dead, how long the oldest due one has
+-- waited, and its health. Read from the pending and dead indexes, never the sent history.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_stats(
+    OUT endpoint text,
+    OUT pending bigint,
+    OUT waiting bigint,
+    OUT dead bigint,
+    OUT oldest_pending_age interval,
+    OUT failing_since timestamptz,
+    OUT disabled_at timestamptz)
+RETURNS SETOF record
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH queued AS (
+        SELECT d.endpoint,
+               count(*) FILTER (WHERE d.available_at <= now()) AS due,
+               count(*) FILTER (WHERE d.available_at > now()) AS later,
+               min(d.available_at) FILTER (WHERE d.available_at <= now()) AS oldest_due
+          FROM @extschema@.outbox_deliveries AS d
+         WHERE d.sent_at IS NULL AND d.dead_at IS NULL
+         GROUP BY d.endpoint
+    ), dead AS (
+        SELECT d.endpoint, count(*) AS dead
+          FROM @extschema@.outbox_deliveries AS d
+         WHERE d.dead_at IS NOT NULL
+         GROUP BY d.endpoint
+    )
+    SELECT e.name,
+           CASE WHEN e.disabled_at IS NULL THEN coalesce(q.due, 0) ELSE 0 END,
+           CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0) ELSE coalesce(q.due, 0) + coalesce(q.later, 0) END,
+           coalesce(x.dead, 0),
+           CASE WHEN e.disabled_at IS NULL THEN now() - q.oldest_due END,
+           e.failing_since,
+           e.disabled_at
+      FROM @extschema@.outbox_endpoints AS e
+      LEFT JOIN queued AS q ON q.endpoint = e.name
+      LEFT JOIN dead AS x ON x.endpoint = e.name
+     ORDER BY e.name
+$$;
+
+-- The numbers an alert watches, over all endpoints: outbox_endpoint_stats() summed, with the
+-- deliveries acknowledged so far (counted as they were recorded) and the unrouted events.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_stats(
+    OUT pending bigint,
+    OUT waiting bigint,
+    OUT sent bigint,
+    OUT dead bigint,
+    OUT unrouted bigint,
+    OUT oldest_pending_age interval)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(sum(s.pending), 0)::bigint,
+           coalesce(sum(s.waiting), 0)::bigint,
+           (SELECT coalesce(sum(c.sent), 0)::bigint FROM @extschema@.outbox_delivery_counts AS c),
+           coalesce(sum(s.dead), 0)::bigint,
+           (SELECT count(*) FROM @extschema@.outbox_unrouted),
+           max(s.oldest_pending_age)
+      FROM @extschema@.outbox_endpoint_stats() AS s
+$$;
+
+-- PostgreSQL lets PUBLIC execute every new function; take that back.
+REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_workers() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_topic_matches(text[], text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_mark_processed(bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_requeue(bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_replay(text, timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_stats() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_stats() FROM PUBLIC;
+-- Managing endpoints. Like the rest of the API, each function runs as the extension's owner
+-- with search_path pinned to pg_catalog (see sql/api.sql), and raises SQLSTATE 22023
+-- (invalid_parameter_value) for bad input, naming what is wrong but never repeating a URL or
+-- a secret, which may carry credentials.
+
+-- Creates or replaces an endpoint; its secrets, deliveries and health stay. New topics apply
+-- to events enqueued afterwards (outbox_replay sends older ones).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_set(
+    name text,
+    url text,
+    topics text[] DEFAULT '{*}',
+    kind text DEFAULT 'webhook',
+    headers jsonb DEFAULT '{}',
+    timeout interval DEFAULT NULL,
+    max_attempts integer DEFAULT NULL,
+    max_in_flight integer DEFAULT NULL,
+    ordered boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pattern text;
+    header record;
+BEGIN
+    IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: an endpoint name is 1 to 63 letters, digits, "_", "." or "-", starting with a letter or digit'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind IS NULL OR kind NOT IN ('webhook', 'pull') THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: kind must be ''webhook'' or ''pull'', not %', quote_nullable(kind)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'pull' AND url IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: a pull endpoint has no url (its consumers claim with outbox_claim)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'webhook' AND url IS NULL AND name <> 'default' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: a webhook endpoint needs a url'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF url IS NOT NULL AND (octet_length(url) > 2048 OR url !~ '^https?://[^/?#[:space:][:cntrl:]]+([/?#][^[:space:][:cntrl:]]*)?$') THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: url must be an http:// or https:// URL of at most 2048 bytes, without spaces'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF topics IS NULL OR cardinality(topics) = 0 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: topics must list at least one pattern (''*'' for every event)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOREACH pattern IN ARRAY topics LOOP
+        IF pattern IS NULL OR octet_length(pattern) > 255 OR pattern !~ '^(\*|[^.*]+(\.[^.*]+)*(\.\*)?)$' THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: % is not a topic pattern', quote_nullable(pattern)
+                  USING ERRCODE = 'invalid_parameter_value',
+                        HINT = 'Use a topic (order.placed), a prefix up to a dot (order.*), or * for every topic.';
+        END IF;
+    END LOOP;
+    IF headers IS NULL OR jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: headers must be a JSON object of strings, like {"authorization": "Bearer ..."}'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR header IN SELECT h.key, h.value FROM jsonb_each(headers) AS h LOOP
+        IF header.key !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,64}$' THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: % is not an HTTP header name', quote_literal(left(header.key, 64))
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF lower(header.key) LIKE 'webhook-%'
+           OR lower(header.key) IN ('content-type', 'content-length', 'transfer-encoding', 'host', 'connection') THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: header % is set by the relay and cannot be overridden', quote_literal(header.key)
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(header.value) <> 'string' OR octet_length(header.value #>> '{}') > 4096
+           OR (header.value #>> '{}') ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: the value of header % must be a string of at most 4096 bytes, without line breaks or control characters', quote_literal(header.key)
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    IF timeout <= interval '0' OR timeout > interval '1 hour' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: timeout must be positive and at most 1 hour'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: max_attempts must be between 1 and 1000'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_in_flight NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: max_in_flight must be between 1 and 1000'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'pull' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: pull endpoints are not supported yet (their claim functions come in a later step)'
+              USING ERRCODE = 'feature_not_supported';
+    END IF;
+    IF ordered IS NULL OR ordered THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: ordered endpoints are not supported yet'
+              USING ERRCODE = 'feature_not_supported';
+    END IF;
+
+    INSERT INTO @extschema@.outbox_endpoints AS e
+           (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered)
+    VALUES (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered)
+    ON CONFLICT ON CONSTRAINT outbox_endpoints_pkey DO UPDATE
+       SET kind = excluded.kind, url = excluded.url, topics = excluded.topics,
+           headers = excluded.headers, timeout = excluded.timeout,
+           max_attempts = excluded.max_attempts, max_in_flight = excluded.max_in_flight,
+           ordered = excluded.ordered;
+END
+$$;
+
+-- The endpoint's row, locked for a change; a class-22 error when there is none.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_lock(name text, caller text)
+RETURNS @extschema@.outbox_endpoints
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    endpoint @extschema@.outbox_endpoints;
+BEGIN
+    SELECT * INTO endpoint FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_lock.name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(name)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN endpoint;
+END
+$$;
+
+-- Sets a new signing secret (generated when null) and returns it. The previous secret keeps
+-- signing too, as a second v1 signature, until grace has passed; any older one is deleted.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_rotate_secret(name text, secret text DEFAULT NULL, grace interval DEFAULT '24 hours')
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    endpoint @extschema@.outbox_endpoints := @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_rotate_secret');
+    key bytea;
+BEGIN
+    IF endpoint.kind <> 'webhook' THEN
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: endpoint % is a % endpoint; only webhooks are signed', quote_literal(name), endpoint.kind
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF grace IS NULL OR grace < interval '0' THEN
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: grace must be zero or positive'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF secret IS NULL THEN
+        -- 32 bytes from PostgreSQL's strong random source (gen_random_uuid), through SHA-256.
+        secret := 'whsec_' || encode(sha256(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid())), 'base64');
+    END IF;
+    IF secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
+        key := decode(substr(secret, 7), 'base64');
+    END IF;
+    -- Canonical base64 only (it encodes back to the same text), as the workers decode it.
+    IF key IS NULL OR replace(encode(key, 'base64'), E'\n', '') <> substr(secret, 7)
+       OR octet_length(key) NOT BETWEEN 24 AND 64 THEN
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: a secret is "whsec_" followed by the base64 of 24 to 64 bytes'
+              USING ERRCODE = 'invalid_parameter_value',
+                    HINT = 'Pass null to have one generated.';
+    END IF;
+
+    DELETE FROM @extschema@.outbox_endpoint_secrets AS s
+     WHERE s.endpoint = endpoint.name AND s.expires_at IS NOT NULL;
+    UPDATE @extschema@.outbox_endpoint_secrets AS s
+       SET expires_at = now() + grace
+     WHERE s.endpoint = endpoint.name;
+    INSERT INTO @extschema@.outbox_endpoint_secrets (endpoint, generation, secret)
+    SELECT endpoint.name, coalesce(max(s.generation), 0) + 1, secret
+      FROM @extschema@.outbox_endpoint_secrets AS s
+     WHERE s.endpoint = endpoint.name;
+    RETURN secret;
+END
+$$;
+
+-- Stops deliveries to an endpoint: they wait, neither attempted nor dead.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_disable(name text, reason text DEFAULT 'disabled by an operator')
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_disable');
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET disabled_at = coalesce(e.disabled_at, now()), disabled_reason = coalesce(reason, 'disabled by an operator')
+     WHERE e.name = outbox_endpoint_disable.name;
+END
+$$;
+
+-- Resumes an endpoint: its health starts afresh and the deliveries that were backing off are
+-- due at once. Scheduled ones (deliver_at, never attempted) keep their time, and one a worker
+-- holds (claimed_by set until a failure is recorded) keeps its lease: it may be in flight.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_enable(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_enable');
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET disabled_at = NULL, disabled_reason = NULL, failing_since = NULL
+     WHERE e.name = outbox_endpoint_enable.name;
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET available_at = now()
+     WHERE d.endpoint = outbox_endpoint_enable.name
+       AND d.sent_at IS NULL AND d.dead_at IS NULL
+       AND d.attempts > 0 AND d.claimed_by IS NULL AND d.available_at > now();
+END
+$$;
+
+-- Removes an endpoint with its secrets and deliveries. Events left with no delivery are kept
+-- as unrouted until retention.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_drop(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_drop');
+    -- Waits for the enqueues in progress (which may be routing to this endpoint) and holds
+    -- new ones until this commits: no delivery is left behind for an endpoint that is gone.
+    LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+    WITH dropped AS (
+        DELETE FROM @extschema@.outbox_deliveries AS d
+         WHERE d.endpoint = outbox_endpoint_drop.name
+        RETURNING d.event_id
+    )
+    INSERT INTO @extschema@.outbox_unrouted (event_id, created_at)
+    SELECT dropped.event_id, o.created_at
+      FROM dropped
+      JOIN @extschema@.outbox AS o ON o.id = dropped.event_id
+     WHERE NOT EXISTS (SELECT FROM @extschema@.outbox_deliveries AS other
+                        WHERE other.event_id = dropped.event_id
+                          AND other.endpoint <> outbox_endpoint_drop.name)
+    ON CONFLICT DO NOTHING;
+    DELETE FROM @extschema@.outbox_endpoint_secrets AS s WHERE s.endpoint = outbox_endpoint_drop.name;
+    DELETE FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_drop.name;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_lock(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_rotate_secret(text, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_disable(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_enable(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_drop(text) FROM PUBLIC;

@@ -1,15 +1,38 @@
--- Record failed attempts: what went wrong, when to try again ($4: milliseconds, at most an
--- hour), and whether the row is now dead ($5: outbox.max_attempts). Matching on attempts skips
--- rows that were claimed again since this attempt started: the newer claim owns them. $6 is
--- the extension the rows were claimed from, as in mark_sent.sql.
-UPDATE @extschema@.outbox AS o
-   SET last_error   = f.error,
-       available_at = now() + f.retry_ms * interval '1 millisecond',
-       dead_at      = CASE WHEN o.attempts >= $5 THEN now() END
-  FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::float8[]) AS f (id, attempts, error, retry_ms)
- WHERE o.id = f.id
-   AND o.attempts = f.attempts
-   AND o.sent_at IS NULL
-   AND o.dead_at IS NULL
-   AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $6)
-RETURNING o.id, o.topic, o.attempts, o.dead_at IS NOT NULL, o.last_error
+-- Record failed attempts ($1 endpoints, $2 event ids, $3 the attempt each was, $4 what went
+-- wrong, $5 when to try again in milliseconds (at most an hour), $6 the endpoint's attempt
+-- cap): last_error and the retry time, or dead_at at the cap; claimed_by is cleared, as no
+-- request is in flight for the delivery any more. Matching on attempts skips
+-- deliveries that were claimed again since this attempt started: the newer claim owns them.
+-- Each endpoint's health notes the failure (failing_since keeps the first one since the last
+-- success). $7 is the extension the deliveries were claimed from, as in mark_sent.sql.
+WITH failed AS (
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET last_error   = f.error,
+           available_at = now() + f.retry_ms * interval '1 millisecond',
+           claimed_by   = NULL,
+           dead_at      = CASE WHEN d.attempts >= f.max_attempts THEN now() END
+      FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::text[], $5::float8[], $6::integer[])
+           AS f (endpoint, event_id, attempts, error, retry_ms, max_attempts)
+     WHERE d.event_id = f.event_id
+       AND d.endpoint = f.endpoint
+       AND d.attempts = f.attempts
+       AND d.sent_at IS NULL
+       AND d.dead_at IS NULL
+       AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $7)
+    RETURNING d.endpoint, d.event_id, d.attempts, d.dead_at IS NOT NULL AS dead, d.last_error
+), health AS (
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET failing_since = coalesce(e.failing_since, now()),
+           last_error    = l.error
+      FROM (SELECT DISTINCT ON (f.endpoint) f.endpoint, f.error
+              FROM unnest($1::text[], $4::text[]) AS f (endpoint, error)
+             ORDER BY f.endpoint) AS l
+     WHERE e.name = l.endpoint
+       AND e.name IN (SELECT h.name
+                        FROM @extschema@.outbox_endpoints AS h
+                       WHERE h.name = ANY ($1)
+                         AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $7)
+                         FOR NO KEY UPDATE SKIP LOCKED)
+)
+SELECT endpoint, event_id, attempts, dead, last_error
+  FROM failed

@@ -6,22 +6,21 @@ use pgrx::prelude::*;
 use pgrx::spi::OwnedPreparedStatement;
 use pgrx::PgSqlErrorCode::{self, ERRCODE_INVALID_PARAMETER_VALUE, ERRCODE_NULL_VALUE_NOT_ALLOWED};
 
-use crate::catalog::Installation;
+use crate::catalog::{Installation, LIBRARY_VERSION};
 use crate::settings::MAX_PAYLOAD_BYTES;
 use crate::worker::{registry, wake};
 
 /// The longest topic `outbox_enqueue` accepts, in bytes.
 const MAX_TOPIC_BYTES: usize = 255;
 
-/// Enqueues one event in the caller's transaction and returns its id. The workers are woken
-/// when (and only if) the transaction commits.
+/// Enqueues one event in the caller's transaction, with one delivery per endpoint whose topics
+/// match, and returns its id. The workers are woken when (and only if) the transaction commits.
 ///
 /// It runs as the extension's owner: a role needs only EXECUTE on it, and can write nothing
-/// but a checked event through it. Its two statements name every object by schema, so the
-/// caller's search_path cannot redirect them; a pinned search_path (a SET clause) would cost
-/// every enqueue a settings save and restore.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-fn outbox_enqueue(topic: Option<&str>, payload: Option<JsonbArg>) -> i64 {
+/// but a checked event through it. Declared in `sql/api.sql`; its statement is
+/// `sql/enqueue.sql`.
+#[pg_extern(sql = false)]
+fn enqueue(topic: Option<&str>, payload: Option<JsonbArg>, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
     let topic = match topic {
         None => reject(ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_enqueue: topic must not be null".into()),
         Some(t) if t.trim().is_empty() => reject(ERRCODE_INVALID_PARAMETER_VALUE, "outbox_enqueue: topic must not be empty".into()),
@@ -42,9 +41,34 @@ fn outbox_enqueue(topic: Option<&str>, payload: Option<JsonbArg>) -> i64 {
             format!("outbox_enqueue: payload is {size} bytes of JSON text, more than outbox.max_payload_bytes ({limit} bytes)"),
         )
     }
-    let id = insert_event(topic, payload);
+    if key.is_some_and(|k| k.len() > MAX_TOPIC_BYTES) {
+        reject(ERRCODE_INVALID_PARAMETER_VALUE, format!("outbox_enqueue: key is longer than {MAX_TOPIC_BYTES} bytes"))
+    }
+    if deliver_at.is_some_and(|at| !at.is_finite()) {
+        reject(ERRCODE_INVALID_PARAMETER_VALUE, "outbox_enqueue: deliver_at must be a finite time (null: now)".into())
+    }
+    let id = insert_event(topic, payload, key, deliver_at);
     wake::wake_workers_at_commit();
     id
+}
+
+/// 0.1.0's `outbox_enqueue(text, jsonb)` points here until `ALTER EXTENSION outbox_ext UPDATE`
+/// replaces it: the caller's transaction aborts with nothing written and is told what to run.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn outbox_enqueue_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("outbox_enqueue: the installed library is outbox_ext {LIBRARY_VERSION}, the schema of this database is older"),
+        "Run ALTER EXTENSION outbox_ext UPDATE in this database."
+    );
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn pg_finfo_outbox_enqueue_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
 }
 
 /// Raises an ERROR (SQLSTATE class 22): the caller's transaction aborts with nothing written.
@@ -54,7 +78,8 @@ fn reject(code: PgSqlErrorCode, message: String) -> ! {
 
 /// One row per relay worker slot in use: what an operator checks after a reload or when
 /// deliveries stall. Counters start from zero when the worker (re)starts.
-#[pg_extern(volatile)]
+/// Declared in `sql/api.sql`.
+#[pg_extern(sql = false)]
 fn outbox_workers() -> TableIterator<
     'static,
     (
@@ -87,13 +112,13 @@ fn outbox_workers() -> TableIterator<
 }
 
 thread_local! {
-    /// The INSERT, planned once per session against the extension's own table, whatever the
+    /// The statement, planned once per session against the extension's own table, whatever the
     /// caller's search_path; planned again when the extension was re-created (a new OID),
     /// perhaps in another schema.
     static INSERT_EVENT: std::cell::RefCell<Option<(pg_sys::Oid, OwnedPreparedStatement)>> = const { std::cell::RefCell::new(None) };
 }
 
-fn insert_event(topic: &str, payload: JsonbArg) -> i64 {
+fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
     // SAFETY: a catalog lookup by name, inside the caller's transaction.
     let extension = unsafe { pg_sys::get_extension_oid(c"outbox_ext".as_ptr(), true) };
     if extension == pg_sys::InvalidOid {
@@ -107,16 +132,17 @@ fn insert_event(topic: &str, payload: JsonbArg) -> i64 {
                     .ok()
                     .flatten()
                     .unwrap_or_else(|| error!("outbox_enqueue: the outbox_ext extension is not installed in this database"));
-                let sql = installation.qualify("INSERT INTO @extschema@.outbox (topic, payload) VALUES ($1, $2) RETURNING id");
+                let sql = installation.qualify(include_str!("../sql/enqueue.sql"));
+                let types = [pg_sys::TEXTOID.into(), pg_sys::JSONBOID.into(), pg_sys::TEXTOID.into(), pg_sys::TIMESTAMPTZOID.into()];
                 let insert = client
-                    .prepare_mut(sql.as_str(), &[pg_sys::TEXTOID.into(), pg_sys::JSONBOID.into()])
+                    .prepare_mut(sql.as_str(), &types)
                     .unwrap_or_else(|e| error!("outbox_enqueue: cannot prepare the insert: {e}"))
                     .keep();
                 *cached = Some((extension, insert));
             }
             let (_, insert) = cached.as_ref().expect("planned above");
             let rows = client
-                .update(insert, None, &[topic.into(), payload.into()])
+                .update(insert, None, &[topic.into(), payload.into(), key.into(), deliver_at.into()])
                 .unwrap_or_else(|e| error!("outbox_enqueue: insert failed: {e}"));
             rows.first().get_one::<i64>().ok().flatten().unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"))
         })

@@ -31,7 +31,10 @@ mod e2e;
 
 ::pgrx::pg_module_magic!(name, version);
 
+// The schema, in the order a fresh install runs it; sql/updates/ reuses the later files.
 extension_sql_file!("../sql/schema.sql", bootstrap);
+extension_sql_file!("../sql/deliveries.sql", name = "deliveries");
+extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["deliveries"]);
 extension_sql_file!("../sql/api.sql", finalize);
 
 #[pg_guard]

@@ -2,7 +2,10 @@
 //! changed setting with its new value (`parameter "outbox.signing_secret" changed to "…"`).
 //! A log hook, installed in the postmaster and so in every process it forks, replaces those
 //! lines for the settings that may hold secrets: the signing secret, and the webhook URL
-//! (credentials and tokens live in its user, password, path or query).
+//! (credentials and tokens live in its user, password, path or query). The same hook keeps
+//! the text of a statement that may carry an endpoint's secret or URL out of the log: the
+//! `STATEMENT:` line PostgreSQL adds to an error, and the lines of `log_statement` and
+//! `log_min_duration_statement`.
 
 use std::ffi::CStr;
 
@@ -12,6 +15,10 @@ use pgrx::prelude::*;
 const SETTING_CHANGED: &str = "parameter \"%s\" changed to \"%s\"";
 /// The settings whose values never reach the log.
 const SECRET_SETTINGS: &[&str] = &["outbox.signing_secret", "outbox.webhook_url"];
+/// What a statement that may carry a secret mentions: a secret itself, or a function that
+/// takes a secret or a URL.
+const SECRET_STATEMENT_MARKS: &[&str] = &["whsec_", "outbox_endpoint_set", "outbox_endpoint_rotate_secret"];
+const HIDDEN_STATEMENT: &CStr = c"statement hidden by outbox_ext: it may carry an endpoint's secret or a URL's credentials";
 
 static mut PREVIOUS_HOOK: pg_sys::emit_log_hook_type = None;
 
@@ -39,6 +46,17 @@ unsafe extern "C-unwind" fn hide_secret_settings(edata: *mut pg_sys::ErrorData) 
                 data.message = pg_sys::pstrdup(replacement.as_ptr());
             }
         }
+        if !pg_sys::debug_query_string.is_null() && may_carry_a_secret(CStr::from_ptr(pg_sys::debug_query_string).to_bytes()) {
+            // An error's own message goes to the client too and never holds a secret; only the
+            // statement PostgreSQL appends to it in the log is hidden.
+            data.hide_stmt = true;
+            // log_statement and log_min_duration_statement lines (LOG, server log only): the
+            // statement, and its bound parameters in the detail.
+            if data.elevel == pg_sys::LOG as i32 {
+                data.message = pg_sys::pstrdup(HIDDEN_STATEMENT.as_ptr());
+                data.detail = std::ptr::null_mut();
+            }
+        }
         if let Some(previous) = PREVIOUS_HOOK {
             previous(edata);
         }
@@ -57,6 +75,12 @@ pub fn hidden_setting_change(message_id: &[u8], message: &[u8]) -> Option<&'stat
         (SECRET_SETTINGS[1], c"parameter \"outbox.webhook_url\" changed (value hidden: a URL may carry credentials)"),
     ];
     names.into_iter().find(|(name, _)| contains(message, format!("\"{name}\"").as_bytes())).map(|(_, line)| line)
+}
+
+/// Whether a statement (or a log line quoting one) may carry a secret or a URL's credentials.
+pub fn may_carry_a_secret(text: &[u8]) -> bool {
+    let text = text.to_ascii_lowercase();
+    SECRET_STATEMENT_MARKS.iter().any(|mark| contains(&text, mark.as_bytes()))
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -83,6 +107,15 @@ mod tests {
     fn a_translated_line_is_hidden_too() {
         let german = "Parameter »\"outbox.signing_secret\"« wurde auf »whsec_c2VjcmV0« geändert".as_bytes();
         assert!(hidden_setting_change(SETTING_CHANGED.as_bytes(), german).is_some());
+    }
+
+    #[test]
+    fn statements_that_may_carry_a_secret_are_recognised() {
+        assert!(may_carry_a_secret(b"SELECT outbox_endpoint_rotate_secret('x', 'whsec_c2VjcmV0')"));
+        assert!(may_carry_a_secret(b"select public.outbox_endpoint_set('b', 'https://u:p@h/')"));
+        assert!(may_carry_a_secret(b"statement: INSERT INTO t VALUES ('whsec_abc')"));
+        assert!(may_carry_a_secret(b"SELECT OUTBOX_ENDPOINT_SET('b', 'https://u:p@h/')"));
+        assert!(!may_carry_a_secret(b"SELECT outbox_enqueue('order.placed', '{}')"));
     }
 
     #[test]

@@ -2,12 +2,9 @@
 //! plain snapshot that the worker hands to code off the main thread.
 
 use std::ffi::CString;
-use std::sync::Arc;
 use std::time::Duration;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
-
-use crate::delivery::Target;
 
 pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
 pub static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
@@ -20,6 +17,7 @@ pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(10);
 pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
+pub static ENDPOINT_DISABLE_AFTER_S: GucSetting<i32> = GucSetting::<i32>::new(5 * 24 * 3600);
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
 /// The most relay workers one server starts; shared memory holds one wake slot per worker.
@@ -38,11 +36,14 @@ pub fn register() {
         c"Each worker claims and delivers events on its own; they share the queue through row locks.",
         &WORKERS, 0, MAX_WORKERS as i32, Postmaster, none);
     // Superuser-only to read: a URL may carry credentials or a token.
-    GucRegistry::define_string_guc(c"outbox.webhook_url", c"URL that events are POSTed to.",
-        c"http:// or https://. Empty means the workers claim nothing.",
+    GucRegistry::define_string_guc(c"outbox.webhook_url", c"URL of the endpoint default, when its url is null.",
+        c"http:// or https://. Empty means the default endpoint's deliveries wait.",
         &WEBHOOK_URL, Sighup, GucFlags::SUPERUSER_ONLY);
-    GucRegistry::define_string_guc(c"outbox.signing_secret", c"Standard Webhooks signing secret (whsec_<base64>).",
-        c"When set, every delivery carries a webhook-signature header. Empty means unsigned.",
+    // Still declared so that nobody but a superuser can read a value left in postgresql.conf
+    // (an undeclared one would be readable by every role), and so that ALTER EXTENSION
+    // outbox_ext UPDATE from 0.1.0 can copy it into the default endpoint's secrets.
+    GucRegistry::define_string_guc(c"outbox.signing_secret", c"No longer used (0.1.0's signing secret).",
+        c"Read once, by the update from 0.1.0; use outbox_endpoint_rotate_secret() and remove this setting.",
         &SIGNING_SECRET, Sighup, GucFlags::SUPERUSER_ONLY);
     GucRegistry::define_int_guc(c"outbox.batch_size", c"Most events one claim takes.",
         c"", &BATCH_SIZE, 1, 10_000, Sighup, none);
@@ -60,6 +61,9 @@ pub fn register() {
     GucRegistry::define_int_guc(c"outbox.retention", c"How long sent events are kept before the workers delete them.",
         c"0 keeps them forever. Dead and pending events are never deleted.",
         &RETENTION_S, 0, i32::MAX, Sighup, GucFlags::UNIT_S);
+    GucRegistry::define_int_guc(c"outbox.endpoint_disable_after", c"An endpoint failing without a success this long is disabled.",
+        c"Its deliveries wait until outbox_endpoint_enable(). 0 never disables an endpoint.",
+        &ENDPOINT_DISABLE_AFTER_S, 0, i32::MAX, Sighup, GucFlags::UNIT_S);
     GucRegistry::define_int_guc(c"outbox.max_payload_bytes", c"Largest payload outbox_enqueue accepts.",
         c"Measured as the payload's JSON text, which is what the receiver gets.",
         &MAX_PAYLOAD_BYTES, 1, i32::MAX, Suset, GucFlags::UNIT_BYTE);
@@ -76,8 +80,9 @@ pub fn workers() -> usize {
 /// What one pass of the worker loop needs, read on the main thread.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Where to deliver, or why the worker delivers nothing.
-    pub target: Result<Arc<Target>, String>,
+    /// The default endpoint's URL when its own is null.
+    pub webhook_url: String,
+    pub http_timeout: Duration,
     pub batch_size: usize,
     pub concurrency: usize,
     pub lease: Duration,
@@ -85,30 +90,33 @@ pub struct Settings {
     pub poll_interval: Duration,
     /// `None`: keep sent events forever.
     pub retention: Option<Duration>,
+    /// `None`: never disable a failing endpoint.
+    pub endpoint_disable_after: Option<Duration>,
 }
 
 impl Settings {
     pub fn read() -> Settings {
-        let http_timeout = millis(HTTP_TIMEOUT_MS.get());
-        let target = match Target::parse(&string_value(&WEBHOOK_URL), &string_value(&SIGNING_SECRET), http_timeout) {
-            Ok(Some(target)) => Ok(Arc::new(target)),
-            Ok(None) => Err("outbox.webhook_url is empty".to_string()),
-            Err(reason) => Err(reason),
-        };
         Settings {
-            target,
+            webhook_url: string_value(&WEBHOOK_URL).trim().to_string(),
+            http_timeout: millis(HTTP_TIMEOUT_MS.get()),
             batch_size: BATCH_SIZE.get() as usize,
             concurrency: CONCURRENCY.get() as usize,
             lease: millis(LEASE_MS.get()),
             max_attempts: MAX_ATTEMPTS.get(),
             poll_interval: millis(POLL_INTERVAL_MS.get()),
-            retention: (RETENTION_S.get() > 0).then(|| Duration::from_secs(RETENTION_S.get() as u64)),
+            retention: seconds(RETENTION_S.get()),
+            endpoint_disable_after: seconds(ENDPOINT_DISABLE_AFTER_S.get()),
         }
     }
 }
 
 fn millis(value: i32) -> Duration {
     Duration::from_millis(value.max(0) as u64)
+}
+
+/// A setting in seconds where 0 means "never".
+fn seconds(value: i32) -> Option<Duration> {
+    (value > 0).then(|| Duration::from_secs(value as u64))
 }
 
 fn string_value(setting: &GucSetting<Option<CString>>) -> String {

@@ -74,16 +74,17 @@ proptest! {
     }
 
     #[test]
-    fn url_settings_are_accepted_only_as_short_http_urls_and_never_echoed(
+    fn endpoints_are_accepted_only_with_short_http_urls_and_never_echoed(
         url in prop_oneof![".{0,80}", "(http|https|ftp)://[a-z0-9:@.\\[\\]/?=&%-]{0,80}", "https?://127\\.0\\.0\\.1/[a-z]{2000,2100}"],
-        secret in prop_oneof![Just(String::new()), ".{0,40}", "whsec_[A-Za-z0-9+/=]{0,44}"],
+        secret in prop_oneof![".{0,40}", "whsec_[A-Za-z0-9+/=]{0,44}"],
+        header in ".{0,20}",
     ) {
-        match Target::parse(&url, &secret, Duration::from_secs(1)) {
-            Ok(Some(target)) => {
+        let headers = [("x-token".to_string(), header)];
+        match Target::new(&url, &[secret.clone()], &headers, Duration::from_secs(1)) {
+            Ok(target) => {
                 prop_assert!(matches!(target.url.scheme(), "http" | "https"));
-                prop_assert!(url.trim().len() <= MAX_URL_BYTES);
+                prop_assert!(url.trim().len() <= MAX_URL_BYTES && !url.trim().is_empty());
             }
-            Ok(None) => prop_assert!(url.trim().is_empty()),
             Err(explanation) => {
                 for secret_part in [url.trim(), secret.trim()] {
                     if secret_part.len() >= 8 {

@@ -4,6 +4,7 @@
 //! runtime's threads, which never call into PostgreSQL and have every signal blocked so that
 //! PostgreSQL's handlers only ever run on the main thread.
 
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,6 +18,9 @@ pub struct Sender {
     finished_rx: mpsc::Receiver<Attempt>,
     doorbell: Arc<Doorbell>,
     in_flight: usize,
+    /// Requests in flight per endpoint: each endpoint has its own budget (`max_in_flight`), so
+    /// one that hangs cannot take the slots of another.
+    in_flight_to: HashMap<Arc<str>, usize>,
 }
 
 impl Sender {
@@ -41,7 +45,7 @@ impl Sender {
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         let doorbell = Doorbell::new().map_err(|e| format!("cannot create an eventfd: {e}"))?;
         let (finished_tx, finished_rx) = mpsc::channel();
-        Ok(Sender { runtime, client, finished_tx, finished_rx, doorbell: Arc::new(doorbell), in_flight: 0 })
+        Ok(Sender { runtime, client, finished_tx, finished_rx, doorbell: Arc::new(doorbell), in_flight: 0, in_flight_to: HashMap::new() })
     }
 
     /// Starts one attempt; its result comes back through `take_finished`.
@@ -49,10 +53,11 @@ impl Sender {
         let (client, target, done, bell) =
             (self.client.clone(), target.clone(), self.finished_tx.clone(), self.doorbell.clone());
         self.in_flight += 1;
+        *self.in_flight_to.entry(event.endpoint.clone()).or_default() += 1;
         self.runtime.spawn(async move {
             let outcome = post(&client, &target, &event).await;
             // The receiver only disappears when the worker exits; then the result is moot.
-            let _ = done.send(Attempt { id: event.id, attempts: event.attempts, outcome });
+            let _ = done.send(Attempt { endpoint: event.endpoint, id: event.id, attempts: event.attempts, outcome });
             bell.ring();
         });
     }
@@ -62,11 +67,21 @@ impl Sender {
         self.doorbell.clear();
         let finished: Vec<Attempt> = self.finished_rx.try_iter().collect();
         self.in_flight -= finished.len();
+        for attempt in &finished {
+            if let Some(count) = self.in_flight_to.get_mut(&attempt.endpoint) {
+                *count -= 1;
+            }
+        }
+        self.in_flight_to.retain(|_, count| *count > 0);
         finished
     }
 
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    pub fn in_flight_to(&self, endpoint: &str) -> usize {
+        self.in_flight_to.get(endpoint).copied().unwrap_or(0)
     }
 
     /// Ready to read whenever an attempt has finished.
@@ -87,6 +102,9 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 async fn post(client: &reqwest::Client, target: &Target, event: &Event) -> Outcome {
     let timestamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     let mut request = client.post(target.url.clone()).timeout(target.timeout);
+    for (name, value) in &target.extra_headers {
+        request = request.header(name, value);
+    }
     for (name, value) in target.headers(event, timestamp) {
         request = request.header(name, value);
     }

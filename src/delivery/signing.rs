@@ -7,7 +7,7 @@ use sha2::Sha256;
 
 const SECRET_PREFIX: &str = "whsec_";
 
-/// The decoded key behind an `outbox.signing_secret` of the form `whsec_<base64>`.
+/// The decoded key behind an endpoint's signing secret, `whsec_<base64>`.
 #[derive(Clone)]
 pub struct SigningKey(Vec<u8>);
 
@@ -69,6 +69,8 @@ mod tests {
         assert!(SigningKey::parse("C2FVsBQIhrscChlQIMV+b5sSYspob7oD").unwrap_err().contains("whsec_"));
         assert!(SigningKey::parse("whsec_not base64!").unwrap_err().contains("base64"));
         assert!(SigningKey::parse("whsec_").unwrap_err().contains("empty"));
+        // Trailing bits that are not zero: outbox_endpoint_rotate_secret refuses it too.
+        assert!(SigningKey::parse("whsec_eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eB==").is_err());
     }
 
     #[test]

@@ -9,19 +9,9 @@ fn unusable_settings_deliver_nothing_lose_nothing_and_crash_nothing() {
     let receiver = Receiver::start(Reply::Status(204));
     let pids = db.worker_pids();
     let mut ids = Vec::new();
-    for (name, value) in [
-        ("outbox.webhook_url", "not a url"),
-        ("outbox.webhook_url", "ftp://127.0.0.1/events"),
-        ("outbox.signing_secret", "no-prefix-secret"),
-        ("outbox.signing_secret", "whsec_***not base64***"),
-    ] {
-        let mut settings = vec![(name, value)];
-        if name == "outbox.signing_secret" {
-            settings.push(("outbox.webhook_url", receiver.url.as_str()));
-        }
-        db.configure(&settings);
+    for url in ["not a url", "ftp://127.0.0.1/events", ""] {
+        db.configure(&[("outbox.webhook_url", url)]);
         ids.push(db.enqueue("kept", "{}")); // its commit wakes the workers
-        db.execute("ALTER SYSTEM RESET outbox.signing_secret");
     }
     assert_eq!(db.worker_pids(), pids, "no worker crashed or restarted");
 
@@ -32,7 +22,7 @@ fn unusable_settings_deliver_nothing_lose_nothing_and_crash_nothing() {
     for id in ids {
         // A claim under the unusable settings would have counted an attempt (and leased the
         // row for 30 s, past the wait above).
-        assert_eq!(db.value::<i32>(&format!("SELECT attempts FROM outbox WHERE id = {id}")), 1, "claimed only once fixed");
+        assert_eq!(db.value::<i32>(&format!("SELECT attempts FROM outbox_deliveries WHERE event_id = {id}")), 1, "claimed only once fixed");
         assert_eq!(receiver.deliveries_of(id).len(), 1);
     }
 }
@@ -47,7 +37,7 @@ fn an_unreachable_receiver_is_retried_with_a_readable_error() {
     wait_until("the failed attempt is recorded", Duration::from_secs(10), || {
         db.count(&format!("id = {id} AND last_error IS NOT NULL")) == 1
     });
-    let error: String = db.value(&format!("SELECT last_error FROM outbox WHERE id = {id}"));
+    let error: String = db.value(&format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}"));
     assert!(error.starts_with("unreachable: ") && error.to_lowercase().contains("connect"), "{error}");
     assert_eq!(db.count(&format!("id = {id} AND dead_at IS NULL AND sent_at IS NULL")), 1, "it waits for a retry");
 }

@@ -22,6 +22,7 @@ const CHANGED_SETTINGS: &[&str] = &[
     "outbox.http_timeout",
     "outbox.poll_interval",
     "outbox.retention",
+    "outbox.endpoint_disable_after",
     "lock_timeout",
 ];
 
@@ -34,7 +35,8 @@ pub struct Db {
 }
 
 /// Waits for this test's turn, boots the cluster if needed, and resets the outbox and the
-/// settings to their defaults, with the extension installed in `public`.
+/// settings to their defaults, with the extension installed in `public` and the endpoint
+/// `default` as CREATE EXTENSION made it.
 pub fn db() -> Db {
     // A test that failed while holding the lock poisons it; the state is reset below anyway.
     let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -44,15 +46,23 @@ pub fn db() -> Db {
     });
     let (client, _) = pgrx_tests::client().expect("connect to the test cluster");
     let mut db = Db { client, _turn: turn };
-    // A test that moves the extension puts it back; this covers one that failed midway.
-    if db.value::<String>("SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'outbox_ext'") != "public" {
+    // A test that moves (or downgrades) the extension puts it back; this covers one that failed
+    // midway.
+    let installed = "SELECT extnamespace::regnamespace::text || ' ' || extversion FROM pg_extension WHERE extname = 'outbox_ext'";
+    if db.value::<String>(installed) != format!("public {}", crate::catalog::LIBRARY_VERSION) {
         db.execute("DROP EXTENSION outbox_ext CASCADE; CREATE EXTENSION outbox_ext SCHEMA public");
     }
     for name in CHANGED_SETTINGS {
         db.execute(&format!("ALTER SYSTEM RESET {name}"));
     }
     db.reload_settings();
-    db.execute("TRUNCATE outbox, processed_events");
+    // outbox_deliveries first: every worker statement that locks it locks it first, so this
+    // waits for them instead of deadlocking with them.
+    db.execute(
+        "TRUNCATE outbox_deliveries, outbox_delivery_counts, outbox_endpoint_secrets, outbox_unrouted, outbox, processed_events;
+         DELETE FROM outbox_endpoints;
+         INSERT INTO outbox_endpoints (name) VALUES ('default')",
+    );
     db
 }
 
@@ -135,6 +145,7 @@ impl Db {
         });
     }
 
+    /// Whether the event's delivery to the endpoint `default` was acknowledged.
     pub fn is_sent(&mut self, id: i64) -> bool {
         self.count(&format!("id = {id} AND sent_at IS NOT NULL")) == 1
     }
@@ -143,9 +154,31 @@ impl Db {
         self.count(&format!("id = {id} AND dead_at IS NOT NULL")) == 1
     }
 
-    /// How many rows of the outbox match `condition`.
+    /// How many deliveries to the endpoint `default` match `condition`, which may name the
+    /// columns of the delivery and of its event (`id`, `topic`, ...).
     pub fn count(&mut self, condition: &str) -> i64 {
+        self.count_to("default", condition)
+    }
+
+    /// The same for the deliveries to `endpoint`.
+    pub fn count_to(&mut self, endpoint: &str, condition: &str) -> i64 {
+        self.value(&format!(
+            "SELECT count(*) FROM outbox_deliveries JOIN outbox ON id = event_id WHERE endpoint = '{endpoint}' AND {condition}"
+        ))
+    }
+
+    /// How many events match `condition`, whatever their deliveries.
+    pub fn count_events(&mut self, condition: &str) -> i64 {
         self.value(&format!("SELECT count(*) FROM outbox WHERE {condition}"))
+    }
+
+    /// Writes `n` events of `topic` directly, each with a delivery to `default` whose
+    /// `columns` get `values` (SQL expressions): history and backlogs for tests to start from.
+    pub fn insert_deliveries(&mut self, topic: &str, n: i64, columns: &str, values: &str) {
+        self.execute(&format!(
+            "WITH e AS (INSERT INTO outbox (topic, payload) SELECT '{topic}', '{{}}' FROM generate_series(1, {n}) RETURNING id)
+             INSERT INTO outbox_deliveries (event_id, endpoint, {columns}) SELECT id, 'default', {values} FROM e"
+        ));
     }
 }
 

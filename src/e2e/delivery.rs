@@ -12,7 +12,8 @@ const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 fn a_delivery_carries_the_contract_headers_body_and_a_valid_signature() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Status(204));
-    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.signing_secret", SECRET)]);
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+    db.execute(&format!("SELECT outbox_endpoint_rotate_secret('default', '{SECRET}')"));
 
     let id = db.enqueue("order.placed", r#"{"order_id": 7, "total": 42.5}"#);
     wait_until("the event is marked sent", Duration::from_secs(10), || db.is_sent(id));
@@ -51,23 +52,21 @@ fn a_commit_wakes_a_worker_without_waiting_for_the_poll() {
 #[test]
 fn claims_are_served_by_the_partial_index() {
     let mut db = db();
-    db.execute(
-        "INSERT INTO outbox (topic, payload, sent_at) SELECT 'history', '{}', now() FROM generate_series(1, 20000);
-         INSERT INTO outbox (topic, payload) SELECT 'pending', '{}' FROM generate_series(1, 10);
-         ANALYZE outbox",
-    );
+    db.insert_deliveries("history", 20_000, "sent_at", "now()");
+    db.insert_deliveries("pending", 10, "attempts", "0");
+    db.execute("ANALYZE outbox; ANALYZE outbox_deliveries");
     let installation = Installation { schema: "public".into(), version: LIBRARY_VERSION.into(), oid: pgrx::pg_sys::InvalidOid };
     let claim = Queries::new(installation);
-    db.execute(&format!("BEGIN; PREPARE claim(bigint, float8) AS {}", claim.claim_batch_sql()));
+    db.execute(&format!("BEGIN; PREPARE claim(text[], bigint[], float8[]) AS {}", claim.claim_batch_sql()));
     let plan: Vec<String> = db
         .client
-        .query("EXPLAIN EXECUTE claim(100, 30000)", &[])
+        .query("EXPLAIN EXECUTE claim('{default}', '{100}', '{30000}')", &[])
         .unwrap()
         .iter()
         .map(|row| row.get(0))
         .collect();
     db.execute("ROLLBACK; DEALLOCATE claim");
     let plan = plan.join("\n");
-    assert!(plan.contains("outbox_pending"), "the claim walks the outbox_pending index:\n{plan}");
+    assert!(plan.contains("outbox_deliveries_pending"), "the claim walks the outbox_deliveries_pending index:\n{plan}");
     assert!(plan.contains("LockRows"), "the claim locks the rows it takes:\n{plan}");
 }

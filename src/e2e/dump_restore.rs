@@ -10,13 +10,21 @@ const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 #[test]
 fn a_dump_restored_into_a_fresh_database_keeps_rows_and_never_reuses_an_id() {
     let mut db = db();
+    db.execute(
+        "SELECT outbox_endpoint_set('billing', 'http://127.0.0.1:9/billing', '{order.*}');
+         SELECT outbox_endpoint_rotate_secret('billing')",
+    );
     let kept: Vec<i64> = (0..3).map(|n| db.enqueue("kept", &format!(r#"{{"n": {n}}}"#))).collect();
     let deleted: Vec<i64> = (0..3).map(|_| db.enqueue("deleted.by.retention", "{}")).collect();
     db.execute(&format!("SELECT outbox_mark_processed({}, 'billing')", deleted[2]));
-    db.execute("DELETE FROM outbox WHERE topic = 'deleted.by.retention'");
+    db.execute(
+        "DELETE FROM outbox_deliveries WHERE event_id IN (SELECT id FROM outbox WHERE topic = 'deleted.by.retention');
+         DELETE FROM outbox WHERE topic = 'deleted.by.retention'",
+    );
+    let deliveries: i64 = db.value("SELECT count(*) FROM outbox_deliveries");
     let highest_ever = *deleted.iter().max().unwrap();
     db.fresh_role("restored_producer");
-    db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO restored_producer");
+    db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, timestamptz) TO restored_producer");
 
     let (host, port) = db.server_address();
     let dump = std::env::temp_dir().join(format!("outbox_ext-dump-{}.custom", std::process::id()));
@@ -32,17 +40,24 @@ fn a_dump_restored_into_a_fresh_database_keeps_rows_and_never_reuses_an_id() {
     assert_eq!(ids, kept, "every row is restored");
     let processed: i64 = restored.query_one("SELECT count(*) FROM processed_events WHERE consumer = 'billing'", &[]).unwrap().get(0);
     assert_eq!(processed, 1, "processed_events is restored");
+    let endpoints: Vec<String> =
+        restored.query("SELECT name FROM outbox_endpoints ORDER BY name", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(endpoints, ["billing", "default"], "endpoints are restored, default once");
+    let restored_deliveries: i64 = restored.query_one("SELECT count(*) FROM outbox_deliveries", &[]).unwrap().get(0);
+    assert_eq!(restored_deliveries, deliveries, "deliveries are restored");
+    let secrets: i64 = restored.query_one("SELECT count(*) FROM outbox_endpoint_secrets WHERE endpoint = 'billing'", &[]).unwrap().get(0);
+    assert_eq!(secrets, 1, "the signing secret is restored");
     let next: i64 = restored.query_one("SELECT outbox_enqueue('after.restore', '{}')", &[]).unwrap().get(0);
     assert!(next > highest_ever, "the first id after the restore ({next}) is above every id given out before ({highest_ever})");
     let first_time: bool = restored.query_one("SELECT outbox_mark_processed($1, 'billing')", &[&next]).unwrap().get(0);
     assert!(first_time, "a consumer does not mistake the new event for one it applied");
     let granted: bool = restored
-        .query_one("SELECT has_function_privilege('restored_producer', 'outbox_enqueue(text, jsonb)', 'EXECUTE')", &[])
+        .query_one("SELECT has_function_privilege('restored_producer', 'outbox_enqueue(text, jsonb, text, timestamptz)', 'EXECUTE')", &[])
         .unwrap()
         .get(0);
     assert!(granted, "a GRANT made after CREATE EXTENSION is restored");
     let public: bool = restored
-        .query_one("SELECT has_function_privilege('public', 'outbox_enqueue(text, jsonb)', 'EXECUTE')", &[])
+        .query_one("SELECT has_function_privilege('public', 'outbox_enqueue(text, jsonb, text, timestamptz)', 'EXECUTE')", &[])
         .unwrap()
         .get(0);
     assert!(!public, "PUBLIC still may not enqueue");

@@ -30,7 +30,8 @@ fn bad_input_errors_with_class_22_and_writes_nothing() {
         assert!(error.message().contains(message), "{:?} should say {message:?}", error.message());
         db.execute("ROLLBACK");
     }
-    assert_eq!(db.count("true"), 0, "no outbox row was written");
+    assert_eq!(db.count_events("true"), 0, "no outbox row was written");
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_deliveries"), 0, "nor a delivery");
     assert_eq!(db.value::<i64>("SELECT count(*) FROM orders"), 0, "the business write aborted with it");
 
     db.enqueue("at.the.limit", &exactly_100[1..exactly_100.len() - 1]);
@@ -73,6 +74,33 @@ fn a_rolled_back_enqueue_leaves_no_row_and_is_never_delivered() {
     wait_until("it is marked sent", Duration::from_secs(10), || db.count("sent_at IS NOT NULL") == 1);
 
     assert!(receiver.deliveries().iter().all(|d| d.json()["type"] == "committed"));
-    assert_eq!(db.count("topic = 'rolled.back'"), 0);
-    assert_eq!(db.count("true"), 1);
+    assert_eq!(db.count_events("topic = 'rolled.back'"), 0);
+    assert_eq!(db.count_events("true"), 1);
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_deliveries"), 1);
+}
+
+#[test]
+fn deliver_at_schedules_every_delivery_and_the_key_is_stored() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+    let later: i64 = db.value("SELECT outbox_enqueue('reminder', '{}', 'order-7', now() + interval '2 seconds')");
+    let past: i64 = db.value("SELECT outbox_enqueue('late', '{}', NULL, now() - interval '1 day')");
+    assert_eq!(db.value::<Option<String>>(&format!("SELECT key FROM outbox WHERE id = {later}")).as_deref(), Some("order-7"));
+    assert!(
+        db.value::<bool>(&format!("SELECT available_at >= now() FROM outbox_deliveries WHERE event_id = {past}")),
+        "a past deliver_at counts as now: it cannot jump the queue"
+    );
+    wait_until("the unscheduled event is sent", Duration::from_secs(10), || db.is_sent(past));
+    assert!(receiver.deliveries_of(later).is_empty(), "not before its time");
+    assert_eq!(db.value::<i64>("SELECT waiting FROM outbox_stats()"), 1, "a scheduled delivery is waiting");
+    wait_until("the scheduled event is sent once due", Duration::from_secs(10), || db.is_sent(later));
+    let sent_after: bool = db.value(&format!(
+        "SELECT d.sent_at >= o.created_at + interval '2 seconds' FROM outbox_deliveries d JOIN outbox o ON o.id = d.event_id WHERE d.event_id = {later}"
+    ));
+    assert!(sent_after, "delivered no sooner than deliver_at");
+    for infinite in ["infinity", "-infinity"] {
+        let error = db.client.batch_execute(&format!("SELECT outbox_enqueue('t', '{{}}', NULL, '{infinite}')")).expect_err(infinite);
+        assert_eq!(error.code().map(|c| c.code()), Some("22023"), "{error}");
+    }
 }

@@ -136,7 +136,7 @@ fn a_hostile_receiver_costs_no_acknowledgement_and_no_worker() {
         let row = db
             .client
             .query_one(
-                "SELECT last_error, sent_at IS NOT NULL, dead_at IS NOT NULL, available_at <= now() + interval '1 hour' FROM outbox WHERE id = $1",
+                "SELECT last_error, sent_at IS NOT NULL, dead_at IS NOT NULL, available_at <= now() + interval '1 hour' FROM outbox_deliveries WHERE event_id = $1",
                 &[id],
             )
             .unwrap();
@@ -169,10 +169,10 @@ fn an_error_in_a_workers_transaction_is_caught_and_its_acknowledgements_are_kept
     let ids: Vec<i64> = (0..20).map(|_| db.enqueue("held", "{}")).collect();
     wait_until("all 20 requests are in flight", Duration::from_secs(10), || receiver.held() == 20);
 
-    // Another session locks the outbox against writes: recording the acknowledgements (and
+    // Another session locks the deliveries against writes: recording the acknowledgements (and
     // any claim) now fails with a lock timeout, an ERROR inside the workers' transactions.
     let (mut locker, _) = pgrx_tests::client().expect("a second connection");
-    locker.batch_execute("BEGIN; LOCK TABLE outbox IN EXCLUSIVE MODE").unwrap();
+    locker.batch_execute("BEGIN; LOCK TABLE outbox_deliveries IN EXCLUSIVE MODE").unwrap();
     let rollbacks = "SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()";
     let rolled_back_before: i64 = db.value(rollbacks);
     receiver.release();
@@ -187,7 +187,7 @@ fn an_error_in_a_workers_transaction_is_caught_and_its_acknowledgements_are_kept
     });
     for id in ids {
         let (claims, error): (i32, Option<String>) = {
-            let row = db.client.query_one("SELECT attempts, last_error FROM outbox WHERE id = $1", &[&id]).unwrap();
+            let row = db.client.query_one("SELECT attempts, last_error FROM outbox_deliveries WHERE event_id = $1", &[&id]).unwrap();
             (row.get(0), row.get(1))
         };
         assert_eq!(receiver.deliveries_of(id).len(), 1, "event {id} was delivered exactly once (claimed {claims} times, last error {error:?})");

@@ -9,6 +9,7 @@ mod bad_settings;
 mod consumer;
 mod delivery;
 mod dump_restore;
+mod endpoints;
 mod enqueue;
 mod hostile;
 mod retention;

@@ -14,10 +14,16 @@ pub struct Delivery {
     pub content_type: Option<String>,
     pub user_agent: Option<String>,
     pub body: String,
+    /// Every header, names in lower case.
+    pub headers: Vec<(String, String)>,
     pub at: Instant,
 }
 
 impl Delivery {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).expect("the body is JSON")
     }
@@ -30,6 +36,8 @@ pub enum Reply {
     RetryAfter(u16, u64),
     /// Keep the request open until `release()`, then answer 204.
     Hold,
+    /// Answer 204 after this many milliseconds.
+    Delay(u64),
 }
 
 #[derive(Default)]
@@ -37,6 +45,9 @@ struct State {
     deliveries: Vec<Delivery>,
     held: usize,
     released: bool,
+    /// Requests being answered now, and the most there ever were at once.
+    open: usize,
+    most_open: usize,
 }
 
 pub struct Receiver {
@@ -76,6 +87,11 @@ impl Receiver {
         self.deliveries().into_iter().filter(|d| d.id == id).collect()
     }
 
+    /// The most requests this receiver had open at the same time.
+    pub fn most_open(&self) -> usize {
+        self.state.0.lock().unwrap().most_open
+    }
+
     /// Requests currently kept open by `Reply::Hold`.
     pub fn held(&self) -> usize {
         self.state.0.lock().unwrap().held
@@ -105,12 +121,16 @@ fn answer(mut request: tiny_http::Request, reply: Reply, state: &(Mutex<State>, 
     let id = header("webhook-id").and_then(|v| v.parse().ok()).unwrap_or(-1);
     let (timestamp, signature) = (header("webhook-timestamp").unwrap_or_default(), header("webhook-signature"));
     let (content_type, user_agent) = (header("content-type"), header("user-agent"));
+    let headers = request.headers().iter().map(|h| (h.field.as_str().as_str().to_lowercase(), h.value.as_str().to_string())).collect();
     let mut body = String::new();
     let _ = request.as_reader().read_to_string(&mut body);
     let (lock, wakeup) = state;
-    lock.lock().unwrap().deliveries.push(Delivery {
-        id, timestamp, signature, content_type, user_agent, body, at: Instant::now(),
-    });
+    {
+        let mut state = lock.lock().unwrap();
+        state.deliveries.push(Delivery { id, timestamp, signature, content_type, user_agent, body, headers, at: Instant::now() });
+        state.open += 1;
+        state.most_open = state.most_open.max(state.open);
+    }
     let response = match reply {
         Reply::Status(status) => tiny_http::Response::empty(status),
         Reply::RetryAfter(status, seconds) => tiny_http::Response::empty(status)
@@ -124,6 +144,11 @@ fn answer(mut request: tiny_http::Request, reply: Reply, state: &(Mutex<State>, 
             guard.held -= 1;
             tiny_http::Response::empty(204)
         }
+        Reply::Delay(ms) => {
+            thread::sleep(std::time::Duration::from_millis(ms));
+            tiny_http::Response::empty(204)
+        }
     };
+    lock.lock().unwrap().open -= 1;
     let _ = request.respond(response);
 }

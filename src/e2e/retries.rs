@@ -15,18 +15,18 @@ fn a_receiver_that_always_fails_sees_exactly_max_attempts_then_the_row_is_dead()
     let attempts = receiver.deliveries();
     assert_eq!(attempts.len(), 3, "exactly max_attempts attempts");
     assert!(attempts.iter().all(|d| d.id == id), "webhook-id is the row id on every retry");
-    assert_eq!(db.value::<String>(&format!("SELECT last_error FROM outbox WHERE id = {id}")), "HTTP 500");
-    assert_eq!(db.value::<i32>(&format!("SELECT attempts FROM outbox WHERE id = {id}")), 3);
+    assert_eq!(db.value::<String>(&format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}")), "HTTP 500");
+    assert_eq!(db.value::<i32>(&format!("SELECT attempts FROM outbox_deliveries WHERE event_id = {id}")), 3);
     assert_eq!(db.value::<i64>("SELECT dead FROM outbox_stats()"), 1);
     assert_eq!(db.value::<i64>("SELECT pending + waiting FROM outbox_stats()"), 0);
 
     receiver.set_reply(Reply::Status(204));
-    assert!(db.value::<bool>(&format!("SELECT outbox_requeue({id})")));
+    assert_eq!(db.value::<i32>(&format!("SELECT outbox_requeue({id})")), 1);
     wait_until("the requeued event is delivered", Duration::from_secs(10), || db.is_sent(id));
     assert_eq!(receiver.deliveries_of(id).len(), 4);
     assert_eq!(db.value::<i64>("SELECT dead FROM outbox_stats()"), 0);
-    assert!(!db.value::<bool>(&format!("SELECT outbox_requeue({id})")), "a sent event cannot be requeued");
-    assert!(!db.value::<bool>("SELECT outbox_requeue(-1)"), "a missing event cannot be requeued");
+    assert_eq!(db.value::<i32>(&format!("SELECT outbox_requeue({id})")), 0, "a sent delivery cannot be requeued");
+    assert_eq!(db.value::<i32>("SELECT outbox_requeue(-1)"), 0, "a missing event cannot be requeued");
 }
 
 #[test]
@@ -44,5 +44,5 @@ fn retry_after_delays_the_next_attempt() {
     assert_eq!(attempts.len(), 2);
     let gap = attempts[1].at - attempts[0].at;
     assert!(gap >= Duration::from_secs(2), "retried after {gap:?}, sooner than Retry-After: 2");
-    assert_eq!(db.value::<String>(&format!("SELECT last_error FROM outbox WHERE id = {id}")), "HTTP 429 (Retry-After 2s)");
+    assert_eq!(db.value::<String>(&format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}")), "HTTP 429 (Retry-After 2s)");
 }

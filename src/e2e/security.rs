@@ -38,7 +38,7 @@ fn plant(db: &mut Db, schema: &str) {
 /// objects; asserts that none of them ran.
 fn drive_everything_and_check_nothing_planted_ran(db: &mut Db, receiver: &Receiver) {
     db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.retention", "1h")]);
-    db.execute("INSERT INTO outbox (topic, payload, sent_at) SELECT 'old', '{}', now() - interval '2 hours' FROM generate_series(1, 5)");
+    db.insert_deliveries("old", 5, "sent_at", "now() - interval '2 hours'");
 
     let delivered = db.enqueue("delivered", "{}");
     wait_until("an event is delivered and acknowledged", Duration::from_secs(20), || db.is_sent(delivered));
@@ -47,7 +47,7 @@ fn drive_everything_and_check_nothing_planted_ran(db: &mut Db, receiver: &Receiv
     wait_until("a failed attempt is recorded", Duration::from_secs(20), || {
         db.count(&format!("id = {failed} AND last_error = 'HTTP 500'")) == 1
     });
-    wait_until("retention deletes old sent events", Duration::from_secs(20), || db.count("topic = 'old'") == 0);
+    wait_until("retention deletes old sent events", Duration::from_secs(20), || db.count_events("topic = 'old'") == 0);
     receiver.set_reply(Reply::Status(204));
     db.execute(&format!(
         "SELECT outbox_requeue({failed}); SELECT * FROM outbox_stats(); SELECT outbox_mark_processed({delivered}, 'planted');
@@ -107,7 +107,7 @@ fn create_extension_grants_nothing_to_public() {
     assert!(open.is_empty(), "PUBLIC may execute {open:?}");
     let tables: Vec<String> = db.column(
         "SELECT c.relname::text FROM pg_class AS c
-          WHERE c.relnamespace = 'public'::regnamespace AND c.relname IN ('outbox', 'outbox_id_seq', 'processed_events')
+          WHERE c.relnamespace = 'public'::regnamespace AND c.relname IN ('outbox', 'outbox_id_seq', 'processed_events', 'outbox_endpoints', 'outbox_endpoint_secrets', 'outbox_deliveries', 'outbox_unrouted', 'outbox_delivery_counts')
             AND EXISTS (SELECT FROM aclexplode(c.relacl) AS a WHERE a.grantee = 0)",
     );
     assert!(tables.is_empty(), "PUBLIC has privileges on {tables:?}");
@@ -128,7 +128,7 @@ fn refused(db: &mut Db, role: &str, sql: &str) {
 fn the_producer_recipe_enqueues_and_can_neither_read_change_nor_forge_rows() {
     let mut db = db();
     db.fresh_role("producer");
-    db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO producer"); // the README's recipe
+    db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, timestamptz) TO producer"); // the README's recipe
 
     let id: i64 = db.as_role("producer", "SELECT outbox_enqueue('order.placed', '{\"order_id\": 1}')").unwrap()[0].get(0);
     assert_eq!(db.count(&format!("id = {id} AND topic = 'order.placed'")), 1);
@@ -137,10 +137,16 @@ fn the_producer_recipe_enqueues_and_can_neither_read_change_nor_forge_rows() {
     for sql in [
         "SELECT * FROM outbox",
         "SELECT id FROM outbox",
-        "INSERT INTO outbox (topic, payload, sent_at) VALUES ('forged', '{}', now())",
+        "INSERT INTO outbox (topic, payload) VALUES ('forged', '{}')",
+        "INSERT INTO outbox_deliveries (event_id, endpoint, sent_at) VALUES (1, 'default', now())",
         "INSERT INTO outbox (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (1000000, 'forged', '{}')",
-        "UPDATE outbox SET sent_at = now()",
+        "UPDATE outbox SET topic = 'forged'",
         "DELETE FROM outbox",
+        "SELECT * FROM outbox_deliveries",
+        "UPDATE outbox_deliveries SET sent_at = now()",
+        "SELECT * FROM outbox_endpoint_secrets",
+        "SELECT outbox_endpoint_set('evil', 'http://127.0.0.1:9/')",
+        "SELECT outbox_endpoint_rotate_secret('default')",
         "SELECT nextval('outbox_id_seq')",
         "SELECT * FROM processed_events",
         "SELECT outbox_mark_processed(1)",
@@ -176,24 +182,36 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
     let mut db = db();
     db.fresh_role("operator");
     db.execute(
-        "GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_workers(), outbox_requeue(bigint) TO operator;
-         GRANT SELECT ON outbox TO operator",
+        "GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_endpoint_stats(), outbox_workers(), outbox_requeue(bigint, text),
+               outbox_replay(text, timestamptz, timestamptz), outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean),
+               outbox_endpoint_rotate_secret(text, text, interval), outbox_endpoint_disable(text, text), outbox_endpoint_enable(text),
+               outbox_endpoint_drop(text) TO operator;
+         GRANT SELECT ON outbox, outbox_deliveries TO operator;
+         GRANT SELECT (name, kind, topics, timeout, max_attempts, max_in_flight, ordered, failing_since, last_success_at,
+                       last_error, disabled_at, disabled_reason) ON outbox_endpoints TO operator",
     );
     let id = db.enqueue("stuck", "{}");
-    db.execute(&format!("UPDATE outbox SET dead_at = now(), attempts = 10 WHERE id = {id}"));
+    db.execute(&format!("UPDATE outbox_deliveries SET dead_at = now(), attempts = 10 WHERE event_id = {id}"));
 
     let dead: i64 = db.as_role("operator", "SELECT dead FROM outbox_stats()").unwrap()[0].get(0);
     assert_eq!(dead, 1);
     assert_eq!(db.as_role("operator", "SELECT * FROM outbox_workers()").unwrap().len(), 2);
-    let error: Option<String> = db.as_role("operator", &format!("SELECT last_error FROM outbox WHERE id = {id}")).unwrap()[0].get(0);
+    let error: Option<String> = db.as_role("operator", &format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}")).unwrap()[0].get(0);
     assert_eq!(error, None);
-    let requeued: bool = db.as_role("operator", &format!("SELECT outbox_requeue({id})")).unwrap()[0].get(0);
-    assert!(requeued);
+    let requeued: i32 = db.as_role("operator", &format!("SELECT outbox_requeue({id})")).unwrap()[0].get(0);
+    assert_eq!(requeued, 1);
+    let secret: String = db.as_role("operator", "SELECT outbox_endpoint_rotate_secret('default')").unwrap()[0].get(0);
+    assert!(secret.starts_with("whsec_"), "an operator rotates secrets and hands the new one over");
+    db.as_role("operator", "SELECT outbox_endpoint_set('audit', 'http://127.0.0.1:9/audit')").expect("an operator adds endpoints");
+    db.as_role("operator", "SELECT outbox_endpoint_drop('audit')").expect("and drops them");
     assert_eq!(db.count(&format!("id = {id} AND dead_at IS NULL AND attempts = 0")), 1);
     for sql in [
         "SELECT outbox_enqueue('t', '{}')",
-        "UPDATE outbox SET sent_at = now()",
+        "UPDATE outbox_deliveries SET sent_at = now()",
         "INSERT INTO outbox (topic, payload) VALUES ('forged', '{}')",
+        "SELECT * FROM outbox_endpoint_secrets",
+        "SELECT url FROM outbox_endpoints",
+        "SELECT headers FROM outbox_endpoints",
         "SELECT outbox_mark_processed(1)",
     ] {
         refused(&mut db, "operator", sql);
@@ -207,7 +225,7 @@ fn a_callers_search_path_cannot_redirect_outbox_enqueue() {
     db.execute(
         "DROP TABLE IF EXISTS public.planted_calls; CREATE TABLE public.planted_calls (what text);
          GRANT INSERT ON public.planted_calls TO PUBLIC;
-         GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO mallory;
+         GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, timestamptz) TO mallory;
          DROP SCHEMA IF EXISTS evil CASCADE; CREATE SCHEMA evil AUTHORIZATION mallory",
     );
     // An exact match for the lookups outbox_enqueue makes when it first runs in a session, found

@@ -1,7 +1,14 @@
 //! `ALTER EXTENSION outbox_ext UPDATE` from every released version keeps every row, keeps
 //! working setups working, and ends with exactly the objects a fresh install has.
 
-use super::cluster::db;
+use std::time::Duration;
+
+use super::cluster::{db, wait_until};
+use super::receiver::{Receiver, Reply};
+use crate::catalog::LIBRARY_VERSION;
+use crate::delivery::SigningKey;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// Every object of the installed extension, described with what matters to a user: function
 /// definitions (security, search_path, body) and who may run them, columns, defaults,
@@ -45,66 +52,97 @@ const DESCRIBE_EXTENSION: &str = "
       FROM pg_extension AS e WHERE e.extname = 'outbox_ext'
     ORDER BY 1";
 
-/// The rows as JSON, to compare before and after.
-const ALL_ROWS: &str = "
-    SELECT (SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY o.id), '[]') FROM outbox AS o)::text
+/// 0.1.0's rows as JSON: each event with its delivery state, read from 0.1.0's outbox before
+/// the update and from the default endpoint's deliveries after it; and processed_events.
+const ROWS_0_1_0: &str = "
+    SELECT (SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY o.id), '[]')
+              FROM (SELECT id, topic, payload, created_at, available_at, attempts, sent_at, dead_at, last_error, claimed_by
+                      FROM outbox) AS o)::text
+        || (SELECT coalesce(jsonb_agg(to_jsonb(p) ORDER BY p.consumer, p.event_id), '[]') FROM processed_events AS p)::text";
+const ROWS_0_2_0: &str = "
+    SELECT (SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY o.id), '[]')
+              FROM (SELECT o.id, o.topic, o.payload, o.created_at, d.available_at, d.attempts, d.sent_at, d.dead_at, d.last_error, d.claimed_by
+                      FROM outbox AS o JOIN outbox_deliveries AS d ON d.event_id = o.id AND d.endpoint = 'default') AS o)::text
         || (SELECT coalesce(jsonb_agg(to_jsonb(p) ORDER BY p.consumer, p.event_id), '[]') FROM processed_events AS p)::text";
 
 fn describe(client: &mut postgres::Client) -> Vec<String> {
     client.query(DESCRIBE_EXTENSION, &[]).unwrap().iter().map(|row| row.get(0)).collect()
 }
 
+/// The served database goes back to 0.1.0, with sent, dead, backing-off and pending events,
+/// processed_events, a 0.1.0 producer and a signing secret; the update keeps every row, the
+/// workers deliver what was pending (signed with the old secret) and leave the dead alone, and
+/// the result has exactly the objects of a fresh install.
 #[test]
-fn updating_from_0_1_0_keeps_every_row_and_ends_as_a_fresh_install() {
+fn updating_from_0_1_0_keeps_every_row_delivers_the_pending_and_ends_as_a_fresh_install() {
     let mut db = db();
-    for statement in [
-        "DROP DATABASE IF EXISTS outbox_upgrade",
-        "CREATE DATABASE outbox_upgrade",
-        "DROP DATABASE IF EXISTS outbox_fresh",
-        "CREATE DATABASE outbox_fresh",
-    ] {
-        db.execute(statement);
-    }
+    let receiver = Receiver::start(Reply::Status(204));
     db.fresh_role("legacy_producer");
-
-    let mut old = db.connect("outbox_upgrade", "postgres");
-    old.batch_execute(
-        "CREATE EXTENSION outbox_ext VERSION '0.1.0';
-         -- 0.1.0's recipe for a producer: table privileges and PUBLIC's EXECUTE.
+    db.execute("DROP DATABASE IF EXISTS outbox_fresh");
+    db.execute("CREATE DATABASE outbox_fresh");
+    db.execute("DROP EXTENSION outbox_ext CASCADE; CREATE EXTENSION outbox_ext VERSION '0.1.0' SCHEMA public");
+    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.signing_secret", SECRET)]);
+    db.execute(
+        "-- 0.1.0's recipe for a producer: table privileges and PUBLIC's EXECUTE.
          GRANT INSERT, SELECT (id) ON outbox TO legacy_producer;
-         SELECT outbox_enqueue('order.placed', jsonb_build_object('n', n)) FROM generate_series(1, 50) AS n;
+         INSERT INTO outbox (topic, payload) SELECT 'order.placed', jsonb_build_object('n', n) FROM generate_series(1, 50) AS n;
          UPDATE outbox SET sent_at = now(), attempts = 1 WHERE id <= 20;
          UPDATE outbox SET dead_at = now(), attempts = 10, last_error = 'HTTP 500' WHERE id BETWEEN 21 AND 25;
-         UPDATE outbox SET attempts = 2, available_at = now() + interval '1 minute', last_error = 'timeout' WHERE id BETWEEN 26 AND 30;
+         UPDATE outbox SET attempts = 2, available_at = now() + interval '1 hour', last_error = 'timeout' WHERE id BETWEEN 26 AND 30;
          SELECT outbox_mark_processed(id, 'billing') FROM generate_series(1, 20) AS id;",
-    )
-    .unwrap();
-    let before: String = old.query_one(ALL_ROWS, &[]).unwrap().get(0);
-    old.batch_execute("SET ROLE legacy_producer; SELECT outbox_enqueue('legacy', '{}'); RESET ROLE").expect("0.1.0's producer recipe works under 0.1.0");
-    old.batch_execute("DELETE FROM outbox WHERE topic = 'legacy'").unwrap();
+    );
+    let first: i64 = db.value("SELECT min(id) FROM outbox");
+    let before: String = db.value(ROWS_0_1_0);
+    // Between installing the 0.2.0 library and the update, 0.1.0's outbox_enqueue says what to
+    // do and writes nothing; the workers wait.
+    let error = db.as_role("legacy_producer", "SELECT outbox_enqueue('legacy', '{}')").expect_err("0.1.0's enqueue on the new library");
+    let error = error.as_db_error().expect("a database error");
+    assert!(error.detail().unwrap_or_default().contains("ALTER EXTENSION outbox_ext UPDATE"), "{error:?}");
+    assert_eq!(db.count_events("topic = 'legacy'"), 0);
+    assert!(receiver.deliveries().is_empty(), "the 0.2.0 workers wait for the update");
 
-    old.batch_execute("ALTER EXTENSION outbox_ext UPDATE").unwrap();
-    let version: String = old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'", &[]).unwrap().get(0);
-    assert_eq!(version, env!("CARGO_PKG_VERSION"));
-    let after: String = old.query_one(ALL_ROWS, &[]).unwrap().get(0);
-    assert_eq!(after, before, "every row is kept as it was");
+    db.execute("ALTER EXTENSION outbox_ext UPDATE");
+    assert_eq!(db.value::<String>("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'"), LIBRARY_VERSION);
+    assert_eq!(db.value::<String>(ROWS_0_2_0), before, "every row is kept, its delivery state now the default endpoint's");
+    assert_eq!(db.value::<i64>("SELECT sent FROM outbox_stats()"), 20, "sent rows are counted");
+
+    // The 20 events still to deliver (31..50 of 0.1.0) arrive, signed with 0.1.0's secret.
+    let pending: Vec<i64> = (first + 30..first + 50).collect();
+    wait_until("the pending events are delivered after the update", Duration::from_secs(20), || {
+        pending.iter().all(|id| !receiver.deliveries_of(*id).is_empty())
+    });
+    let key = SigningKey::parse(SECRET).unwrap();
+    for delivery in receiver.deliveries() {
+        assert!(pending.contains(&delivery.id), "only pending events are sent, not {}", delivery.id);
+        let timestamp: i64 = delivery.timestamp.parse().unwrap();
+        assert_eq!(delivery.signature.as_deref(), Some(key.sign(&delivery.id.to_string(), timestamp, delivery.body.as_bytes()).as_str()));
+    }
+    assert_eq!(db.count("dead_at IS NOT NULL"), 5, "dead events stay dead");
+    assert_eq!(db.count("attempts = 2 AND sent_at IS NULL"), 5, "events backing off wait for their time");
+
     // The update takes PUBLIC's EXECUTE away; CHANGELOG.md tells the DBA to grant it to each
     // producer (grants made by an extension script would not survive a dump and restore).
-    let refused = old.batch_execute("SET ROLE legacy_producer; SELECT outbox_enqueue('legacy', '{}')");
+    let refused = db.as_role("legacy_producer", "SELECT outbox_enqueue('legacy', '{}')");
     assert_eq!(refused.expect_err("PUBLIC may no longer enqueue").code().map(|c| c.code()), Some("42501"));
-    old.batch_execute("RESET ROLE; GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb) TO legacy_producer").unwrap();
-    old.batch_execute("SET ROLE legacy_producer; SELECT outbox_enqueue('legacy', '{}'); RESET ROLE")
-        .expect("with the CHANGELOG's GRANT, a role that enqueued under 0.1.0 still can");
-    let next: i64 = old.query_one("SELECT outbox_enqueue('after.update', '{}')", &[]).unwrap().get(0);
-    assert!(next > 51, "ids go on from where 0.1.0 left them ({next})");
+    let refused = db.as_role("legacy_producer", "INSERT INTO outbox (topic, payload) VALUES ('legacy', '{}')");
+    assert_eq!(
+        refused.expect_err("an INSERT would be an event without a delivery").code().map(|c| c.code()),
+        Some("42501"),
+        "the update takes 0.1.0's INSERT privilege back"
+    );
+    db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, timestamptz) TO legacy_producer");
+    db.as_role("legacy_producer", "SELECT outbox_enqueue('legacy', '{}')").expect("with the CHANGELOG's GRANT, a 0.1.0 producer still enqueues");
+    let next = db.enqueue("after.update", "{}");
+    assert!(next > first + 50, "ids go on from where 0.1.0 left them ({next})");
 
     let mut fresh = db.connect("outbox_fresh", "postgres");
     fresh.batch_execute("CREATE EXTENSION outbox_ext").unwrap();
-    let (updated, installed) = (describe(&mut old), describe(&mut fresh));
+    let (updated, installed) = (describe(&mut db.client), describe(&mut fresh));
     assert!(installed.len() > 5, "the description covers the objects: {installed:#?}");
     assert_eq!(updated, installed, "0.1.0 updated has exactly the objects of a fresh install");
-    drop((old, fresh));
-    db.execute("DROP DATABASE outbox_upgrade");
+    drop(fresh);
     db.execute("DROP DATABASE outbox_fresh");
+    // As a fresh install (with the test build's own objects, which 0.1.0's script lacks).
+    db.execute("DROP EXTENSION outbox_ext CASCADE; CREATE EXTENSION outbox_ext SCHEMA public");
     db.execute("DROP OWNED BY legacy_producer; DROP ROLE legacy_producer");
 }

@@ -18,7 +18,7 @@ fn two_workers_deliver_200_rows_exactly_once_between_them() {
     let received: Vec<i64> = receiver.deliveries().iter().map(|d| d.id).collect();
     assert_eq!(received.len(), 200, "no event was delivered twice");
     assert_eq!(received.into_iter().collect::<HashSet<_>>(), ids, "every event was delivered");
-    assert_eq!(db.value::<i64>("SELECT count(DISTINCT claimed_by) FROM outbox"), 2, "both workers claimed rows");
+    assert_eq!(db.value::<i64>("SELECT count(DISTINCT claimed_by) FROM outbox_deliveries"), 2, "both workers claimed rows");
     let delivered_after: Vec<i64> = db.client.query("SELECT delivered FROM outbox_workers() ORDER BY worker", &[])
         .unwrap().iter().map(|r| r.get(0)).collect();
     for (before, after) in delivered_before.iter().zip(&delivered_after) {
@@ -45,7 +45,7 @@ fn no_transaction_or_row_lock_is_held_while_a_request_is_in_flight() {
           WHERE a.backend_type = 'outbox_ext relay'",
     );
     assert_eq!(locks, 0, "no relay worker holds a lock");
-    db.execute(&format!("BEGIN; SELECT id FROM outbox WHERE id = {id} FOR UPDATE NOWAIT; ROLLBACK"));
+    db.execute(&format!("BEGIN; SELECT event_id FROM outbox_deliveries WHERE event_id = {id} FOR UPDATE NOWAIT; ROLLBACK"));
     assert_eq!(db.value::<i64>("SELECT sum(in_flight)::bigint FROM outbox_workers()"), 1);
 
     receiver.release();
@@ -56,13 +56,15 @@ fn no_transaction_or_row_lock_is_held_while_a_request_is_in_flight() {
 fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_the_lease() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Hold);
-    // The lease outlasts the worker's 3 s shutdown grace, so nobody else claims the row first.
-    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.lease", "5s"), ("outbox.http_timeout", "60s")]);
+    // The lease, the request timeout plus 5 s (15 s), outlasts the worker's 3 s shutdown grace,
+    // so nobody else claims the row first, and the request does not time out before the worker
+    // is stopped.
+    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.lease", "5s"), ("outbox.http_timeout", "10s")]);
 
     let id = db.enqueue("abandoned", "{}");
     wait_until("the request is in flight", Duration::from_secs(10), || receiver.held() == 1);
     receiver.set_reply(Reply::Status(204)); // the held request stays unanswered; later ones succeed
-    let pid: i32 = db.value(&format!("SELECT claimed_by FROM outbox WHERE id = {id}"));
+    let pid: i32 = db.value(&format!("SELECT claimed_by FROM outbox_deliveries WHERE event_id = {id}"));
     let stopping = Instant::now();
     db.execute(&format!("SELECT pg_terminate_backend({pid})"));
     wait_until("the worker has exited", Duration::from_secs(10), || {
@@ -84,11 +86,30 @@ fn the_workers_report_their_updates_to_the_statistics_autovacuum_reads() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Status(204));
     db.configure(&[("outbox.webhook_url", &receiver.url)]);
-    let updates = "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'outbox'";
+    let updates = "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'outbox_deliveries'";
     let before: i64 = db.value(updates);
 
     let id = db.enqueue("counted", "{}");
     wait_until("the event is sent", Duration::from_secs(10), || db.is_sent(id));
     // A claim and an acknowledgement: two updates, which only the workers could have made.
     wait_until("the workers' updates are counted", Duration::from_secs(10), || db.value::<i64>(updates) >= before + 2);
+}
+
+#[test]
+fn after_the_extension_is_dropped_and_created_again_in_place_the_workers_deliver_and_record() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+    let before = db.enqueue("before", "{}");
+    wait_until("an event is sent", Duration::from_secs(10), || db.is_sent(before));
+    let pids = db.worker_pids();
+
+    // Same schema, same table names: the workers' statements keep working, but the rows are
+    // new ones, which acknowledgements meant for the old rows must not mark.
+    db.execute("DROP EXTENSION outbox_ext CASCADE; CREATE EXTENSION outbox_ext SCHEMA public");
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+    let after = db.enqueue("after", "{}");
+    wait_until("the new installation's event is delivered and recorded", Duration::from_secs(10), || db.is_sent(after));
+    assert_eq!(receiver.deliveries_of(after).len(), 1);
+    assert_eq!(db.worker_pids(), pids, "no worker restarted");
 }

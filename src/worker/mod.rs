@@ -1,6 +1,7 @@
 //! The relay workers: background processes that claim due events, send them with no
 //! transaction open, and record each outcome as it arrives.
 
+mod endpoints;
 pub mod launcher;
 pub mod leave_database;
 mod queue;
@@ -9,13 +10,15 @@ mod transaction;
 pub mod wake;
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 
 pub use queue::Queries;
-use queue::DeadEvent;
+use endpoints::Endpoints;
+use queue::DeadDelivery;
 use transaction::TransactionError;
 
 use crate::catalog::LIBRARY_VERSION;
@@ -42,7 +45,15 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
     let sender = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {number}: {e}"));
     let slot = registry::claim_slot(number);
-    let mut relay = Relay { number, slot, settings: Settings::read(), sender, unrecorded_acks: Vec::new(), last_warning: None };
+    let mut relay = Relay {
+        number,
+        slot,
+        settings: Settings::read(),
+        sender,
+        endpoints: Endpoints::default(),
+        unrecorded_acks: Vec::new(),
+        last_warning: None,
+    };
     relay.note_settings_loaded();
     relay.run();
     registry::release_slot(slot);
@@ -58,10 +69,11 @@ struct Relay {
     slot: &'static registry::WorkerSlot,
     settings: Settings,
     sender: Sender,
-    /// Ids the receiver acknowledged whose `sent_at` could not be written yet; retried until
+    endpoints: Endpoints,
+    /// Deliveries the receiver acknowledged whose `sent_at` could not be written yet; retried until
     /// it is, so an acknowledgement is never lost to a failed transaction. Nothing new is
     /// claimed meanwhile.
-    unrecorded_acks: Vec<i64>,
+    unrecorded_acks: Vec<(Arc<str>, i64)>,
     /// The last failure logged and when: the same failure is logged again only after a while.
     last_warning: Option<(String, Instant)>,
 }
@@ -90,6 +102,7 @@ impl Relay {
                     let fresh = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {}: {e}", self.number));
                     std::mem::replace(&mut self.sender, fresh).abandon();
                     self.unrecorded_acks.clear();
+                    self.endpoints = Endpoints::default();
                     self.slot.in_flight.store(0, Ordering::Relaxed);
                     // A reload read in the loop that just ended is in effect from here on.
                     self.note_settings_loaded();
@@ -161,9 +174,12 @@ impl Relay {
             if let Err(stop) = self.record_finished(queries) {
                 return stop;
             }
-            if timers.claim_due && self.claim_limit() > 0 {
+            if timers.claim_due && (self.can_claim() || timers.endpoints_stale) {
+                timers.endpoints_stale = false;
                 match self.claim_and_send(queries) {
-                    Ok(full) => timers.after_claim(full, self.settings.poll_interval),
+                    Ok(Some(full)) => timers.after_claim(full, self.settings.poll_interval),
+                    // No room, or nothing to send to: wait for a finished request or the poll.
+                    Ok(None) => {}
                     Err(stop) => return stop,
                 }
             }
@@ -182,7 +198,7 @@ impl Relay {
             // autovacuum never learns of the dead rows that claims and acknowledgements leave.
             // SAFETY: main thread, no transaction open.
             unsafe { pg_sys::pgstat_report_stat(false) };
-            let sleep = timers.sleep(self.claim_limit() > 0, !self.unrecorded_acks.is_empty());
+            let sleep = timers.sleep(self.can_claim(), !self.unrecorded_acks.is_empty());
             let wakeup = wake::wait(Some(self.sender.doorbell().fd()), sleep);
             timers.after_wait(wakeup.latch, self.settings.poll_interval);
         }
@@ -194,46 +210,56 @@ impl Relay {
         self.settings = Settings::read();
     }
 
-    /// Publishes when the settings were read, and says once why nothing will be delivered.
+    /// Publishes when the settings were read.
     fn note_settings_loaded(&self) {
         // SAFETY: reads the clock; no PostgreSQL state involved.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         self.slot.settings_loaded_at.store(now, Ordering::Relaxed);
-        if let Err(reason) = &self.settings.target {
-            log!("outbox_ext relay {}: not delivering: {reason}", self.number);
-        }
     }
 
-    /// How many events to claim now: none unless at least half a batch fits in the free
-    /// request slots, so that claims stay batched while earlier requests are in flight, and
-    /// none while acknowledgements wait to be recorded.
-    fn claim_limit(&self) -> usize {
-        if self.settings.target.is_err() || !self.unrecorded_acks.is_empty() {
-            return 0;
-        }
-        let free = self.settings.concurrency.saturating_sub(self.sender.in_flight());
-        let batch = self.settings.batch_size.min(self.settings.concurrency);
-        if free >= batch.div_ceil(2) {
-            free.min(self.settings.batch_size)
-        } else {
-            0
-        }
+    /// Whether a claim could take anything now: not while acknowledgements wait to be
+    /// recorded, nor while every endpoint's request slots are (nearly) full.
+    fn can_claim(&self) -> bool {
+        self.unrecorded_acks.is_empty() && self.endpoints.can_claim(&self.sender, &self.settings)
     }
 
-    /// Claims and starts sending; true if the claim came back full (more may be due).
-    fn claim_and_send(&mut self, queries: &Queries) -> Result<bool, Stop> {
-        let limit = self.claim_limit();
-        let Ok(target) = self.settings.target.clone() else { return Ok(false) };
-        match queue::claim_batch(queries, limit, self.settings.lease) {
-            Ok(events) => {
-                let full = events.len() == limit;
-                for event in events {
-                    self.sender.send(&target, event);
+    /// Reads the endpoints (disabling those failing for too long), claims for each what fits
+    /// in its free request slots, and starts sending. `Some(true)` if some endpoint's claim
+    /// came back full (more may be due); `None` if there was nothing to claim for.
+    fn claim_and_send(&mut self, queries: &Queries) -> Result<Option<bool>, Stop> {
+        match queue::load_endpoints(queries, self.settings.endpoint_disable_after) {
+            Ok(queue::Endpoints::ExtensionGone) => {
+                log!("outbox_ext relay {}: outbox_ext was dropped or changed in this database", self.number);
+                return Err(Stop::ExtensionChanged);
+            }
+            Ok(queue::Endpoints::Read { disabled, endpoints: rows }) => {
+                for (name, reason) in disabled {
+                    warning!(
+                        "outbox_ext: endpoint {} disabled: {}; its deliveries wait for outbox_endpoint_enable()",
+                        one_line(&name, 255),
+                        one_line(&reason, MAX_ERROR_BYTES)
+                    );
+                }
+                self.endpoints.refresh(rows, &self.settings, self.number);
+            }
+            Err(e) => return self.failed("reading the endpoints", e, queries).map(|()| None),
+        }
+        let plan = self.endpoints.claim_plan(&self.sender, &self.settings);
+        if plan.is_empty() || !self.unrecorded_acks.is_empty() {
+            return Ok(None);
+        }
+        match queue::claim_batch(queries, &plan) {
+            Ok(deliveries) => {
+                let full = plan.iter().any(|claim| deliveries.iter().filter(|d| d.endpoint == claim.endpoint).count() == claim.limit);
+                for delivery in deliveries {
+                    if let Some(target) = self.endpoints.target(&delivery.endpoint) {
+                        self.sender.send(&target, delivery);
+                    }
                 }
                 self.slot.in_flight.store(self.sender.in_flight() as i64, Ordering::Relaxed);
-                Ok(full)
+                Ok(Some(full))
             }
-            Err(e) => self.failed("claiming events", e, queries).map(|()| false),
+            Err(e) => self.failed("claiming deliveries", e, queries).map(|()| Some(false)),
         }
     }
 
@@ -247,7 +273,7 @@ impl Relay {
         self.slot.failed.fetch_add(failed.len() as i64, Ordering::Relaxed);
         self.slot.in_flight.store(self.sender.in_flight() as i64, Ordering::Relaxed);
 
-        self.unrecorded_acks.extend(delivered.iter().map(|a| a.id));
+        self.unrecorded_acks.extend(delivered.iter().map(|a| (a.endpoint.clone(), a.id)));
         if !self.unrecorded_acks.is_empty() {
             match queue::mark_sent(queries, &self.unrecorded_acks) {
                 Ok(()) => self.unrecorded_acks.clear(),
@@ -258,7 +284,9 @@ impl Relay {
             }
         }
         if !failed.is_empty() {
-            match queue::record_failures(queries, &failed, self.settings.max_attempts) {
+            let failed: Vec<(&Attempt, i32)> =
+                failed.into_iter().map(|a| (a, self.endpoints.max_attempts(&a.endpoint, &self.settings))).collect();
+            match queue::record_failures(queries, &failed) {
                 Ok(dead) => dead.iter().for_each(warn_dead),
                 Err(e) => {
                     let what = format!("recording {} failed attempts (their leases will return them)", failed.len());
@@ -275,7 +303,7 @@ impl Relay {
         let Some(retention) = self.settings.retention.filter(|_| self.number == 1) else {
             return Ok(Instant::now() + RETENTION_PAUSE);
         };
-        match queue::delete_sent(queries, retention, RETENTION_BATCH) {
+        match queue::delete_expired(queries, retention, RETENTION_BATCH) {
             Ok(deleted) if deleted == RETENTION_BATCH => Ok(Instant::now()),
             Ok(_) => Ok(Instant::now() + RETENTION_PAUSE),
             Err(e) => self.failed("deleting expired events", e, queries).map(|()| Instant::now() + RETENTION_PAUSE),
@@ -322,14 +350,14 @@ impl Relay {
     }
 }
 
-fn warn_dead(event: &DeadEvent) {
-    // The topic comes from a caller and the error from a receiver: print them on one line.
+fn warn_dead(delivery: &DeadDelivery) {
+    // The error comes from a receiver: print it on one line.
     warning!(
-        "outbox_ext: event {} ({}) is dead after {} attempts; last error: {}",
-        event.id,
-        one_line(&event.topic, 255),
-        event.attempts,
-        event.last_error
+        "outbox_ext: the delivery of event {} to endpoint {} is dead after {} attempts; last error: {}",
+        delivery.event_id,
+        one_line(&delivery.endpoint, 255),
+        delivery.attempts,
+        one_line(&delivery.last_error, MAX_ERROR_BYTES)
     );
 }
 
@@ -337,18 +365,22 @@ fn warn_dead(event: &DeadEvent) {
 struct Timers {
     /// A commit woke the worker, or the last claim came back full.
     claim_due: bool,
+    /// A commit, the poll or a reload happened since the endpoints were last read: read them
+    /// again even if none of those read last could take a claim (one may have been fixed).
+    endpoints_stale: bool,
     next_poll: Instant,
     next_cleanup: Instant,
 }
 
 impl Timers {
     fn new() -> Timers {
-        Timers { claim_due: true, next_poll: Instant::now(), next_cleanup: Instant::now() }
+        Timers { claim_due: true, endpoints_stale: true, next_poll: Instant::now(), next_cleanup: Instant::now() }
     }
 
     /// New settings may enable delivery, or shorten the retention.
     fn after_reload(&mut self) {
         self.claim_due = true;
+        self.endpoints_stale = true;
         self.next_cleanup = Instant::now();
     }
 
@@ -380,8 +412,10 @@ impl Timers {
         let now = Instant::now();
         if now >= self.next_poll {
             self.claim_due = true;
+            self.endpoints_stale = true;
             self.next_poll = now + poll_interval;
         }
         self.claim_due |= latch;
+        self.endpoints_stale |= latch;
     }
 }

@@ -1,7 +1,8 @@
-//! The worker's statements against the outbox table (SPI, main thread only). Each function is
+//! The worker's statements against the extension's tables (SPI, main thread only). Each function is
 //! one short transaction; none is open while a request is in flight, and an ERROR in one
 //! comes back as an `Err` (see `transaction`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use pgrx::prelude::*;
@@ -10,30 +11,56 @@ use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
 use crate::delivery::{retry_delay, Attempt, Event};
 
-/// An event that ran out of attempts with this failure.
-pub struct DeadEvent {
-    pub id: i64,
-    pub topic: String,
+/// A delivery that ran out of attempts with this failure.
+pub struct DeadDelivery {
+    pub endpoint: String,
+    pub event_id: i64,
     pub attempts: i32,
     pub last_error: String,
+}
+
+/// What one claim takes from one endpoint.
+pub struct Claim {
+    pub endpoint: Arc<str>,
+    /// At most this many deliveries.
+    pub limit: usize,
+    /// How long the claim holds them.
+    pub lease: Duration,
+}
+
+/// A webhook endpoint as its row says, before the worker makes a `Target` of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointRow {
+    pub name: String,
+    pub url: Option<String>,
+    pub headers: Vec<(String, String)>,
+    pub timeout: Option<Duration>,
+    pub max_attempts: Option<i32>,
+    pub max_in_flight: Option<i32>,
+    /// The live signing secrets, newest first.
+    pub secrets: Vec<String>,
 }
 
 /// The worker's statements, with the extension's tables named by their schema.
 pub struct Queries {
     pub installation: Installation,
+    disable_failing_endpoints: String,
+    load_endpoints: String,
     claim_batch: String,
     mark_sent: String,
     record_failures: String,
-    delete_sent: String,
+    delete_expired: String,
 }
 
 impl Queries {
     pub fn new(installation: Installation) -> Queries {
         Queries {
+            disable_failing_endpoints: installation.qualify(include_str!("../../sql/disable_failing_endpoints.sql")),
+            load_endpoints: installation.qualify(include_str!("../../sql/load_endpoints.sql")),
             claim_batch: installation.qualify(include_str!("../../sql/claim_batch.sql")),
             mark_sent: installation.qualify(include_str!("../../sql/mark_sent.sql")),
             record_failures: installation.qualify(include_str!("../../sql/record_failures.sql")),
-            delete_sent: installation.qualify(include_str!("../../sql/delete_sent.sql")),
+            delete_expired: installation.qualify(include_str!("../../sql/delete_expired.sql")),
             installation,
         }
     }
@@ -62,57 +89,127 @@ pub fn find_installation() -> Result<Option<Installation>, TransactionError> {
     transaction::run(|| Spi::connect(|client| Installation::find(&client)))
 }
 
-/// Claims with `synchronous_commit = off`: losing a claim in a crash only makes its rows
-/// claimable again (they were at most in flight), and the next acknowledgement, committed
-/// synchronously, flushes the claim's WAL with its own. One WAL flush per batch is saved.
-pub fn claim_batch(queries: &Queries, limit: usize, lease: Duration) -> Result<Vec<Event>, TransactionError> {
+/// What `load_endpoints` found.
+pub enum Endpoints {
+    /// The endpoints that were just disabled (name and reason), and those to claim for.
+    Read { disabled: Vec<(String, String)>, endpoints: Vec<EndpointRow> },
+    /// The extension these statements were made for is gone (dropped, perhaps created again:
+    /// the same table names may now hold other rows).
+    ExtensionGone,
+}
+
+/// Disables the endpoints that have been failing for `disable_after`, then reads the webhook
+/// endpoints to claim for; first of all, checks that the extension is still the one the
+/// worker knows.
+pub fn load_endpoints(queries: &Queries, disable_after: Option<Duration>) -> Result<Endpoints, TransactionError> {
     transaction::run(|| {
         Spi::connect_mut(|client| {
-            client.update("SET LOCAL synchronous_commit = off", None, &[])?;
-            let args = [(limit as i64).into(), millis(lease).into()];
-            let rows = client.update(queries.claim_batch.as_str(), None, &args)?;
-            rows.map(|row| {
-                Ok(Event {
-                    id: row.get(1)?.unwrap_or_default(),
-                    attempts: row.get(2)?.unwrap_or_default(),
-                    body: row.get(3)?.unwrap_or_default(),
-                })
-            })
-            .collect()
+            let same = "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $1)";
+            if client.select(same, None, &[queries.installation.oid.into()])?.first().get_one::<bool>()? != Some(true) {
+                return Ok(Endpoints::ExtensionGone);
+            }
+            let mut disabled = Vec::new();
+            if let Some(after) = disable_after {
+                for row in client.update(queries.disable_failing_endpoints.as_str(), None, &[millis(after).into()])? {
+                    disabled.push((row.get::<String>(1)?.unwrap_or_default(), row.get::<String>(2)?.unwrap_or_default()));
+                }
+            }
+            let mut endpoints = Vec::new();
+            for row in client.select(queries.load_endpoints.as_str(), None, &[])? {
+                let names: Vec<String> = row.get(3)?.unwrap_or_default();
+                let values: Vec<String> = row.get(4)?.unwrap_or_default();
+                endpoints.push(EndpointRow {
+                    name: row.get(1)?.unwrap_or_default(),
+                    url: row.get(2)?,
+                    headers: names.into_iter().zip(values).collect(),
+                    timeout: row.get::<f64>(5)?.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1000.0)),
+                    max_attempts: row.get(6)?,
+                    max_in_flight: row.get(7)?,
+                    secrets: row.get(8)?.unwrap_or_default(),
+                });
+            }
+            Ok(Endpoints::Read { disabled, endpoints })
         })
     })
 }
 
+/// Claims up to the given number of due deliveries of each endpoint, with
+/// `synchronous_commit = off`: losing a claim in a crash only makes its deliveries claimable
+/// again (they were at most in flight), and the next acknowledgement, committed synchronously,
+/// flushes the claim's WAL with its own. One WAL flush per batch is saved.
+pub fn claim_batch(queries: &Queries, wanted: &[Claim]) -> Result<Vec<Event>, TransactionError> {
+    let endpoints: Vec<String> = wanted.iter().map(|claim| claim.endpoint.to_string()).collect();
+    let limits: Vec<i64> = wanted.iter().map(|claim| claim.limit as i64).collect();
+    let leases: Vec<f64> = wanted.iter().map(|claim| millis(claim.lease)).collect();
+    let claimed = transaction::run(|| {
+        Spi::connect_mut(|client| {
+            client.update("SET LOCAL synchronous_commit = off", None, &[])?;
+            let args = [endpoints.into(), limits.into(), leases.into()];
+            let rows = client.update(queries.claim_batch.as_str(), None, &args)?;
+            rows.map(|row| {
+                Ok((
+                    row.get::<String>(1)?.unwrap_or_default(),
+                    row.get::<i64>(2)?.unwrap_or_default(),
+                    row.get::<i32>(3)?.unwrap_or_default(),
+                    row.get::<String>(4)?.unwrap_or_default(),
+                ))
+            })
+            .collect::<Result<Vec<_>, _>>()
+        })
+    })?;
+    // Share the endpoint names the worker already holds instead of one copy per delivery.
+    Ok(claimed
+        .into_iter()
+        .filter_map(|(endpoint, id, attempts, body)| {
+            let endpoint = wanted.iter().find(|claim| *claim.endpoint == *endpoint)?.endpoint.clone();
+            Some(Event { endpoint, id, attempts, body })
+        })
+        .collect())
+}
+
 /// Records acknowledged deliveries in a transaction of their own, so that nothing else that
 /// fails can take an acknowledgement with it.
-pub fn mark_sent(queries: &Queries, ids: &[i64]) -> Result<(), TransactionError> {
+pub fn mark_sent(queries: &Queries, acks: &[(Arc<str>, i64)]) -> Result<(), TransactionError> {
+    let endpoints: Vec<String> = acks.iter().map(|(endpoint, _)| endpoint.to_string()).collect();
+    let ids: Vec<i64> = acks.iter().map(|(_, id)| *id).collect();
     transaction::run(|| {
         Spi::connect_mut(|client| {
-            client.update(queries.mark_sent.as_str(), None, &[ids.to_vec().into(), queries.installation.oid.into()])?;
+            client.update(queries.mark_sent.as_str(), None, &[endpoints.into(), ids.into(), queries.installation.oid.into()])?;
             Ok(())
         })
     })
 }
 
-/// Records failed attempts: `last_error` and the retry time, or `dead_at` at the attempt cap.
-pub fn record_failures(queries: &Queries, failed: &[&Attempt], max_attempts: i32) -> Result<Vec<DeadEvent>, TransactionError> {
-    let ids: Vec<i64> = failed.iter().map(|a| a.id).collect();
-    let attempts: Vec<i32> = failed.iter().map(|a| a.attempts).collect();
-    let errors: Vec<String> = failed.iter().map(|a| a.outcome.last_error().unwrap_or_default()).collect();
+/// Records failed attempts, each with its endpoint's attempt cap: `last_error` and the retry
+/// time, or `dead_at` at the cap; and the endpoints' health.
+pub fn record_failures(queries: &Queries, failed: &[(&Attempt, i32)]) -> Result<Vec<DeadDelivery>, TransactionError> {
+    let endpoints: Vec<String> = failed.iter().map(|(a, _)| a.endpoint.to_string()).collect();
+    let ids: Vec<i64> = failed.iter().map(|(a, _)| a.id).collect();
+    let attempts: Vec<i32> = failed.iter().map(|(a, _)| a.attempts).collect();
+    let errors: Vec<String> = failed.iter().map(|(a, _)| a.outcome.last_error().unwrap_or_default()).collect();
     let retry_ms: Vec<f64> = failed
         .iter()
-        .map(|a| millis(retry_delay(a.attempts, a.outcome.retry_after(), fastrand::f64())))
+        .map(|(a, _)| millis(retry_delay(a.attempts, a.outcome.retry_after(), fastrand::f64())))
         .collect();
+    let caps: Vec<i32> = failed.iter().map(|(_, cap)| *cap).collect();
     transaction::run(|| {
         Spi::connect_mut(|client| {
-            let args = [ids.into(), attempts.into(), errors.into(), retry_ms.into(), max_attempts.into(), queries.installation.oid.into()];
+            let args = [
+                endpoints.into(),
+                ids.into(),
+                attempts.into(),
+                errors.into(),
+                retry_ms.into(),
+                caps.into(),
+                queries.installation.oid.into(),
+            ];
             let rows = client.update(queries.record_failures.as_str(), None, &args)?;
             let mut dead = Vec::new();
             for row in rows {
                 if row.get::<bool>(4)?.unwrap_or(false) {
-                    dead.push(DeadEvent {
-                        id: row.get(1)?.unwrap_or_default(),
-                        topic: row.get(2)?.unwrap_or_default(),
+                    dead.push(DeadDelivery {
+                        endpoint: row.get(1)?.unwrap_or_default(),
+                        event_id: row.get(2)?.unwrap_or_default(),
                         attempts: row.get(3)?.unwrap_or_default(),
                         last_error: row.get(5)?.unwrap_or_default(),
                     });
@@ -123,12 +220,15 @@ pub fn record_failures(queries: &Queries, failed: &[&Attempt], max_attempts: i32
     })
 }
 
-/// Deletes up to `limit` events sent longer than `retention` ago; returns how many went.
-pub fn delete_sent(queries: &Queries, retention: Duration, limit: usize) -> Result<usize, TransactionError> {
+/// Deletes up to `limit` deliveries sent longer than `retention` ago (and as many unrouted
+/// events that old), then their events once nothing else waits for them; returns how many
+/// deliveries and unrouted events went.
+pub fn delete_expired(queries: &Queries, retention: Duration, limit: usize) -> Result<usize, TransactionError> {
     transaction::run(|| {
         Spi::connect_mut(|client| {
             let args = [millis(retention).into(), (limit as i64).into()];
-            Ok(client.update(queries.delete_sent.as_str(), None, &args)?.len())
+            let deleted = client.update(queries.delete_expired.as_str(), None, &args)?.first().get_one::<i64>()?;
+            Ok(deleted.unwrap_or(0) as usize)
         })
     })
 }

@@ -1,0 +1,251 @@
+-- Managing endpoints. Like the rest of the API, each function runs as the extension's owner
+-- with search_path pinned to pg_catalog (see sql/api.sql), and raises SQLSTATE 22023
+-- (invalid_parameter_value) for bad input, naming what is wrong but never repeating a URL or
+-- a secret, which may carry credentials.
+
+-- Creates or replaces an endpoint; its secrets, deliveries and health stay. New topics apply
+-- to events enqueued afterwards (outbox_replay sends older ones).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_set(
+    name text,
+    url text,
+    topics text[] DEFAULT '{*}',
+    kind text DEFAULT 'webhook',
+    headers jsonb DEFAULT '{}',
+    timeout interval DEFAULT NULL,
+    max_attempts integer DEFAULT NULL,
+    max_in_flight integer DEFAULT NULL,
+    ordered boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pattern text;
+    header record;
+BEGIN
+    IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: an endpoint name is 1 to 63 letters, digits, "_", "." or "-", starting with a letter or digit'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind IS NULL OR kind NOT IN ('webhook', 'pull') THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: kind must be ''webhook'' or ''pull'', not %', quote_nullable(kind)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'pull' AND url IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: a pull endpoint has no url (its consumers claim with outbox_claim)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'webhook' AND url IS NULL AND name <> 'default' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: a webhook endpoint needs a url'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF url IS NOT NULL AND (octet_length(url) > 2048 OR url !~ '^https?://[^/?#[:space:][:cntrl:]]+([/?#][^[:space:][:cntrl:]]*)?$') THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: url must be an http:// or https:// URL of at most 2048 bytes, without spaces'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF topics IS NULL OR cardinality(topics) = 0 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: topics must list at least one pattern (''*'' for every event)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOREACH pattern IN ARRAY topics LOOP
+        IF pattern IS NULL OR octet_length(pattern) > 255 OR pattern !~ '^(\*|[^.*]+(\.[^.*]+)*(\.\*)?)$' THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: % is not a topic pattern', quote_nullable(pattern)
+                  USING ERRCODE = 'invalid_parameter_value',
+                        HINT = 'Use a topic (order.placed), a prefix up to a dot (order.*), or * for every topic.';
+        END IF;
+    END LOOP;
+    IF headers IS NULL OR jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: headers must be a JSON object of strings, like {"authorization": "Bearer ..."}'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR header IN SELECT h.key, h.value FROM jsonb_each(headers) AS h LOOP
+        IF header.key !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,64}$' THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: % is not an HTTP header name', quote_literal(left(header.key, 64))
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF lower(header.key) LIKE 'webhook-%'
+           OR lower(header.key) IN ('content-type', 'content-length', 'transfer-encoding', 'host', 'connection') THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: header % is set by the relay and cannot be overridden', quote_literal(header.key)
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(header.value) <> 'string' OR octet_length(header.value #>> '{}') > 4096
+           OR (header.value #>> '{}') ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: the value of header % must be a string of at most 4096 bytes, without line breaks or control characters', quote_literal(header.key)
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    IF timeout <= interval '0' OR timeout > interval '1 hour' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: timeout must be positive and at most 1 hour'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: max_attempts must be between 1 and 1000'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_in_flight NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: max_in_flight must be between 1 and 1000'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'pull' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: pull endpoints are not supported yet (their claim functions come in a later step)'
+              USING ERRCODE = 'feature_not_supported';
+    END IF;
+    IF ordered IS NULL OR ordered THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: ordered endpoints are not supported yet'
+              USING ERRCODE = 'feature_not_supported';
+    END IF;
+
+    INSERT INTO @extschema@.outbox_endpoints AS e
+           (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered)
+    VALUES (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered)
+    ON CONFLICT ON CONSTRAINT outbox_endpoints_pkey DO UPDATE
+       SET kind = excluded.kind, url = excluded.url, topics = excluded.topics,
+           headers = excluded.headers, timeout = excluded.timeout,
+           max_attempts = excluded.max_attempts, max_in_flight = excluded.max_in_flight,
+           ordered = excluded.ordered;
+END
+$$;
+
+-- The endpoint's row, locked for a change; a class-22 error when there is none.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_lock(name text, caller text)
+RETURNS @extschema@.outbox_endpoints
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    endpoint @extschema@.outbox_endpoints;
+BEGIN
+    SELECT * INTO endpoint FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_lock.name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(name)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN endpoint;
+END
+$$;
+
+-- Sets a new signing secret (generated when null) and returns it. The previous secret keeps
+-- signing too, as a second v1 signature, until grace has passed; any older one is deleted.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_rotate_secret(name text, secret text DEFAULT NULL, grace interval DEFAULT '24 hours')
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    endpoint @extschema@.outbox_endpoints := @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_rotate_secret');
+    key bytea;
+BEGIN
+    IF endpoint.kind <> 'webhook' THEN
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: endpoint % is a % endpoint; only webhooks are signed', quote_literal(name), endpoint.kind
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF grace IS NULL OR grace < interval '0' THEN
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: grace must be zero or positive'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF secret IS NULL THEN
+        -- 32 bytes from PostgreSQL's strong random source (gen_random_uuid), through SHA-256.
+        secret := 'whsec_' || encode(sha256(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid())), 'base64');
+    END IF;
+    IF secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
+        key := decode(substr(secret, 7), 'base64');
+    END IF;
+    -- Canonical base64 only (it encodes back to the same text), as the workers decode it.
+    IF key IS NULL OR replace(encode(key, 'base64'), E'\n', '') <> substr(secret, 7)
+       OR octet_length(key) NOT BETWEEN 24 AND 64 THEN
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: a secret is "whsec_" followed by the base64 of 24 to 64 bytes'
+              USING ERRCODE = 'invalid_parameter_value',
+                    HINT = 'Pass null to have one generated.';
+    END IF;
+
+    DELETE FROM @extschema@.outbox_endpoint_secrets AS s
+     WHERE s.endpoint = endpoint.name AND s.expires_at IS NOT NULL;
+    UPDATE @extschema@.outbox_endpoint_secrets AS s
+       SET expires_at = now() + grace
+     WHERE s.endpoint = endpoint.name;
+    INSERT INTO @extschema@.outbox_endpoint_secrets (endpoint, generation, secret)
+    SELECT endpoint.name, coalesce(max(s.generation), 0) + 1, secret
+      FROM @extschema@.outbox_endpoint_secrets AS s
+     WHERE s.endpoint = endpoint.name;
+    RETURN secret;
+END
+$$;
+
+-- Stops deliveries to an endpoint: they wait, neither attempted nor dead.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_disable(name text, reason text DEFAULT 'disabled by an operator')
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_disable');
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET disabled_at = coalesce(e.disabled_at, now()), disabled_reason = coalesce(reason, 'disabled by an operator')
+     WHERE e.name = outbox_endpoint_disable.name;
+END
+$$;
+
+-- Resumes an endpoint: its health starts afresh and the deliveries that were backing off are
+-- due at once. Scheduled ones (deliver_at, never attempted) keep their time, and one a worker
+-- holds (claimed_by set until a failure is recorded) keeps its lease: it may be in flight.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_enable(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_enable');
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET disabled_at = NULL, disabled_reason = NULL, failing_since = NULL
+     WHERE e.name = outbox_endpoint_enable.name;
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET available_at = now()
+     WHERE d.endpoint = outbox_endpoint_enable.name
+       AND d.sent_at IS NULL AND d.dead_at IS NULL
+       AND d.attempts > 0 AND d.claimed_by IS NULL AND d.available_at > now();
+END
+$$;
+
+-- Removes an endpoint with its secrets and deliveries. Events left with no delivery are kept
+-- as unrouted until retention.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_drop(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_drop');
+    -- Waits for the enqueues in progress (which may be routing to this endpoint) and holds
+    -- new ones until this commits: no delivery is left behind for an endpoint that is gone.
+    LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+    WITH dropped AS (
+        DELETE FROM @extschema@.outbox_deliveries AS d
+         WHERE d.endpoint = outbox_endpoint_drop.name
+        RETURNING d.event_id
+    )
+    INSERT INTO @extschema@.outbox_unrouted (event_id, created_at)
+    SELECT dropped.event_id, o.created_at
+      FROM dropped
+      JOIN @extschema@.outbox AS o ON o.id = dropped.event_id
+     WHERE NOT EXISTS (SELECT FROM @extschema@.outbox_deliveries AS other
+                        WHERE other.event_id = dropped.event_id
+                          AND other.endpoint <> outbox_endpoint_drop.name)
+    ON CONFLICT DO NOTHING;
+    DELETE FROM @extschema@.outbox_endpoint_secrets AS s WHERE s.endpoint = outbox_endpoint_drop.name;
+    DELETE FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_drop.name;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_lock(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_rotate_secret(text, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_disable(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_enable(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_drop(text) FROM PUBLIC;

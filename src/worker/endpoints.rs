@@ -1,0 +1,118 @@
+//! The webhook endpoints a worker sends to, as it last read them: each row made into a
+//! `Target` once (again only when the row or a setting it depends on changes), and how many
+//! of each endpoint's deliveries the next claim may take.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pgrx::prelude::*;
+
+use super::queue::{Claim, EndpointRow};
+use crate::delivery::{Sender, Target};
+use crate::settings::Settings;
+
+/// The endpoint whose null URL means the setting `outbox.webhook_url`.
+const DEFAULT_ENDPOINT: &str = "default";
+/// A claim's lease outlasts the endpoint's request timeout by at least this much, so that a
+/// delivery is never claimed again while its request may still be running.
+const LEASE_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+struct Endpoint {
+    row: EndpointRow,
+    /// What the target was built from besides the row.
+    webhook_url: String,
+    http_timeout: std::time::Duration,
+    /// Where to send, or why this endpoint's deliveries wait.
+    target: Result<Arc<Target>, String>,
+    max_attempts: i32,
+    max_in_flight: usize,
+}
+
+#[derive(Default)]
+pub struct Endpoints {
+    /// Every endpoint seen, also after it was disabled or dropped: failures still in flight
+    /// are recorded with its attempt cap.
+    known: HashMap<Arc<str>, Endpoint>,
+    /// The enabled webhook endpoints of the last read, by name.
+    active: Vec<Arc<str>>,
+}
+
+impl Endpoints {
+    /// Takes the rows just read; says once (per change) why an endpoint cannot be sent to.
+    pub fn refresh(&mut self, rows: Vec<EndpointRow>, settings: &Settings, worker: usize) {
+        self.active.clear();
+        for row in rows {
+            let name: Arc<str> = row.name.as_str().into();
+            let (name, unchanged) = match self.known.get_key_value(&name) {
+                Some((known_name, known)) => (
+                    known_name.clone(),
+                    known.row == row && known.webhook_url == settings.webhook_url && known.http_timeout == settings.http_timeout,
+                ),
+                None => (name, false),
+            };
+            if !unchanged {
+                let url = match (&row.url, row.name.as_str()) {
+                    (Some(url), _) => url.clone(),
+                    (None, DEFAULT_ENDPOINT) => settings.webhook_url.clone(),
+                    (None, _) => String::new(),
+                };
+                let target = Target::new(&url, &row.secrets, &row.headers, row.timeout.unwrap_or(settings.http_timeout))
+                    .map(Arc::new)
+                    .map_err(|reason| match (row.url.is_none(), row.name.as_str()) {
+                        (true, DEFAULT_ENDPOINT) => format!("{reason}: set outbox.webhook_url, or the url of the endpoint default"),
+                        _ => reason,
+                    });
+                if let Err(reason) = &target {
+                    log!("outbox_ext relay {worker}: not delivering to endpoint {name}: {reason}");
+                }
+                let endpoint = Endpoint {
+                    row,
+                    webhook_url: settings.webhook_url.clone(),
+                    http_timeout: settings.http_timeout,
+                    target,
+                    max_attempts: 0,
+                    max_in_flight: 0,
+                };
+                self.known.insert(name.clone(), endpoint);
+            }
+            let endpoint = self.known.get_mut(&name).expect("inserted above");
+            endpoint.max_attempts = endpoint.row.max_attempts.unwrap_or(settings.max_attempts);
+            endpoint.max_in_flight = endpoint.row.max_in_flight.map_or(settings.concurrency, |n| n.max(1) as usize);
+            self.active.push(name);
+        }
+    }
+
+    /// How many deliveries of each endpoint to claim now, and for how long: none for an
+    /// endpoint unless at least half a batch fits in its free request slots, so that claims
+    /// stay batched while earlier requests are in flight.
+    pub fn claim_plan(&self, sender: &Sender, settings: &Settings) -> Vec<Claim> {
+        self.active
+            .iter()
+            .filter_map(|name| {
+                let endpoint = &self.known[name];
+                let target = endpoint.target.as_ref().ok()?;
+                let free = endpoint.max_in_flight.saturating_sub(sender.in_flight_to(name));
+                let batch = settings.batch_size.min(endpoint.max_in_flight);
+                (free >= batch.div_ceil(2)).then(|| Claim {
+                    endpoint: name.clone(),
+                    limit: free.min(settings.batch_size),
+                    lease: settings.lease.max(target.timeout + LEASE_MARGIN),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether some endpoint, as last read, can take a claim.
+    pub fn can_claim(&self, sender: &Sender, settings: &Settings) -> bool {
+        !self.claim_plan(sender, settings).is_empty()
+    }
+
+    pub fn target(&self, name: &str) -> Option<Arc<Target>> {
+        self.known.get(name)?.target.as_ref().ok().cloned()
+    }
+
+    /// The attempt cap of an endpoint, or the setting's for one never seen.
+    pub fn max_attempts(&self, name: &str, settings: &Settings) -> i32 {
+        self.known.get(name).map_or(settings.max_attempts, |endpoint| endpoint.max_attempts)
+    }
+}
