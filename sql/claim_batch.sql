@@ -12,12 +12,12 @@
 -- and names the extension's tables by their schema: with exact argument types, each operator
 -- and function resolves to pg_catalog, whatever anyone created elsewhere.
 WITH claimable AS (
-    SELECT c.event_id, c.endpoint, w.lease_ms
-      FROM unnest($1::text[], $2::bigint[], $3::float8[]) AS w (endpoint, max_events, lease_ms)
+    SELECT c.row_id
+      FROM unnest($1::text[], $2::bigint[]) AS w (endpoint, max_events)
       JOIN @extschema@.outbox_endpoints AS e
         ON e.name = w.endpoint AND e.kind = 'webhook' AND e.disabled_at IS NULL
      CROSS JOIN LATERAL (
-            SELECT d.event_id, d.endpoint
+            SELECT d.ctid AS row_id
               FROM @extschema@.outbox_deliveries AS d
              WHERE d.endpoint = w.endpoint
                AND d.sent_at IS NULL
@@ -27,13 +27,15 @@ WITH claimable AS (
              LIMIT w.max_events
                FOR UPDATE SKIP LOCKED) AS c
 ), claimed AS (
+    -- By the rows' physical addresses (a TID scan): the planner cannot know how few rows the
+    -- claim took, and a join would make it read the whole table.
     UPDATE @extschema@.outbox_deliveries AS d
        SET attempts     = d.attempts + 1,
-           available_at = now() + c.lease_ms * interval '1 millisecond',
+           available_at = now() + l.lease_ms * interval '1 millisecond',
            claimed_by   = pg_backend_pid()
-      FROM claimable AS c
-     WHERE d.event_id = c.event_id
-       AND d.endpoint = c.endpoint
+      FROM unnest($1::text[], $3::float8[]) AS l (endpoint, lease_ms)
+     WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable))
+       AND d.endpoint = l.endpoint
     RETURNING d.endpoint, d.event_id, d.attempts
 )
 SELECT c.endpoint,

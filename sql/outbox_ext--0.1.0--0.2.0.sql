@@ -214,20 +214,31 @@ LANGUAGE c
 VOLATILE PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'outbox_workers_wrapper';
 
--- Whether a topic matches any of an endpoint's patterns: '*', the topic itself, or a prefix
--- ending in '.*' ('order.*' matches 'order.placed' and 'order.a.b', not 'order' nor
--- 'orders.x'). Inlined into its callers, so it names every operator and function by schema.
-CREATE OR REPLACE FUNCTION @extschema@.outbox_topic_matches(patterns text[], topic text)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE PARALLEL SAFE
+-- The patterns that match a topic: '*', the topic itself, and 'prefix.*' at each dot
+-- ('order.a.b' gives {*, order.a.b, order.*, order.a.*}). An endpoint is subscribed to an
+-- event when its topics share one with them (&&): one array comparison per endpoint, the
+-- patterns computed once per event. outbox_enqueue calls it under its caller's search_path,
+-- so it names every operator and function by schema. Declared STABLE, though it is
+-- immutable: an immutable call on a parameter is folded into each custom plan, which made
+-- the planner prefer planning outbox_enqueue's statement again on every call.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_topic_patterns(topic text)
+RETURNS text[]
+LANGUAGE plpgsql
+STABLE STRICT PARALLEL SAFE
 AS $$
-    SELECT EXISTS (
-        SELECT FROM pg_catalog.unnest(patterns) AS p (pattern)
-         WHERE p.pattern OPERATOR(pg_catalog.=) '*'
-            OR p.pattern OPERATOR(pg_catalog.=) topic
-            OR (pg_catalog.right(p.pattern, 2) OPERATOR(pg_catalog.=) '.*'
-                AND pg_catalog.starts_with(topic, pg_catalog.left(p.pattern, -1))))
+DECLARE
+    patterns pg_catalog.text[] := ARRAY['*', topic];
+    upto pg_catalog.int4 := 0;
+    dot pg_catalog.int4;
+BEGIN
+    LOOP
+        dot := pg_catalog.strpos(pg_catalog.substr(topic, upto OPERATOR(pg_catalog.+) 1), '.');
+        EXIT WHEN dot OPERATOR(pg_catalog.=) 0;
+        upto := upto OPERATOR(pg_catalog.+) dot;
+        patterns := patterns OPERATOR(pg_catalog.||) (pg_catalog.left(topic, upto) OPERATOR(pg_catalog.||) '*');
+    END LOOP;
+    RETURN patterns;
+END
 $$;
 
 -- For consumers: call in the transaction that applies the event. True the first time this
@@ -295,7 +306,7 @@ BEGIN
     SELECT o.id, outbox_replay.endpoint
       FROM @extschema@.outbox AS o
      WHERE o.created_at >= since AND o.created_at < until
-       AND @extschema@.outbox_topic_matches(patterns, o.topic)
+       AND patterns OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(o.topic)
     ON CONFLICT ON CONSTRAINT outbox_deliveries_pkey DO UPDATE
        SET sent_at = NULL, dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL, claimed_by = NULL
      WHERE NOT (d.sent_at IS NULL AND d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now());
@@ -304,7 +315,7 @@ BEGIN
      USING @extschema@.outbox AS o
      WHERE o.id = u.event_id
        AND o.created_at >= since AND o.created_at < until
-       AND @extschema@.outbox_topic_matches(patterns, o.topic);
+       AND patterns OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(o.topic);
     RETURN replayed;
 END
 $$;
@@ -379,7 +390,7 @@ $$;
 -- PostgreSQL lets PUBLIC execute every new function; take that back.
 REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_workers() FROM PUBLIC;
-REVOKE ALL ON FUNCTION @extschema@.outbox_topic_matches(text[], text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_topic_patterns(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_mark_processed(bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_requeue(bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_replay(text, timestamptz, timestamptz) FROM PUBLIC;

@@ -111,11 +111,18 @@ fn outbox_workers() -> TableIterator<
     TableIterator::new(rows)
 }
 
+/// The statements of `outbox_enqueue`, prepared once per session against the extension's own
+/// tables, whatever the caller's search_path.
+struct EnqueueStatements {
+    /// The extension they were prepared for: a new OID after DROP and CREATE EXTENSION,
+    /// perhaps in another schema, means preparing them again.
+    extension: pg_sys::Oid,
+    insert_event: OwnedPreparedStatement,
+    note_unrouted: OwnedPreparedStatement,
+}
+
 thread_local! {
-    /// The statement, planned once per session against the extension's own table, whatever the
-    /// caller's search_path; planned again when the extension was re-created (a new OID),
-    /// perhaps in another schema.
-    static INSERT_EVENT: std::cell::RefCell<Option<(pg_sys::Oid, OwnedPreparedStatement)>> = const { std::cell::RefCell::new(None) };
+    static ENQUEUE: std::cell::RefCell<Option<EnqueueStatements>> = const { std::cell::RefCell::new(None) };
 }
 
 fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
@@ -124,27 +131,39 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
     if extension == pg_sys::InvalidOid {
         error!("outbox_enqueue: the outbox_ext extension is not installed in this database");
     }
-    INSERT_EVENT.with(|cell| {
+    ENQUEUE.with(|cell| {
         let mut cached = cell.borrow_mut();
         Spi::connect_mut(|client| {
-            if cached.as_ref().is_none_or(|(planned_for, _)| *planned_for != extension) {
+            if cached.as_ref().is_none_or(|statements| statements.extension != extension) {
                 let installation = Installation::find(client)
                     .ok()
                     .flatten()
                     .unwrap_or_else(|| error!("outbox_enqueue: the outbox_ext extension is not installed in this database"));
-                let sql = installation.qualify(include_str!("../sql/enqueue.sql"));
-                let types = [pg_sys::TEXTOID.into(), pg_sys::JSONBOID.into(), pg_sys::TEXTOID.into(), pg_sys::TIMESTAMPTZOID.into()];
-                let insert = client
-                    .prepare_mut(sql.as_str(), &types)
-                    .unwrap_or_else(|e| error!("outbox_enqueue: cannot prepare the insert: {e}"))
-                    .keep();
-                *cached = Some((extension, insert));
+                let prepare = |sql: &str, types: &[pg_sys::PgOid]| {
+                    client
+                        .prepare_mut(installation.qualify(sql).as_str(), types)
+                        .unwrap_or_else(|e| error!("outbox_enqueue: cannot prepare its statements: {e}"))
+                        .keep()
+                };
+                let event_types = [pg_sys::TEXTOID.into(), pg_sys::JSONBOID.into(), pg_sys::TEXTOID.into(), pg_sys::TIMESTAMPTZOID.into()];
+                *cached = Some(EnqueueStatements {
+                    extension,
+                    insert_event: prepare(include_str!("../sql/enqueue.sql"), &event_types),
+                    note_unrouted: prepare(include_str!("../sql/note_unrouted.sql"), &[pg_sys::INT8OID.into()]),
+                });
             }
-            let (_, insert) = cached.as_ref().expect("planned above");
+            let statements = cached.as_ref().expect("prepared above");
             let rows = client
-                .update(insert, None, &[topic.into(), payload.into(), key.into(), deliver_at.into()])
+                .update(&statements.insert_event, None, &[topic.into(), payload.into(), key.into(), deliver_at.into()])
                 .unwrap_or_else(|e| error!("outbox_enqueue: insert failed: {e}"));
-            rows.first().get_one::<i64>().ok().flatten().unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"))
+            let row = rows.first();
+            let id = row.get::<i64>(1).ok().flatten().unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"));
+            if row.get::<i64>(2).ok().flatten() == Some(0) {
+                client
+                    .update(&statements.note_unrouted, None, &[id.into()])
+                    .unwrap_or_else(|e| error!("outbox_enqueue: cannot note the event as unrouted: {e}"));
+            }
+            id
         })
     })
 }
