@@ -128,7 +128,7 @@ SQL
 cat > "$DIR/latency.sql" <<'SQL'
 SELECT outbox_enqueue('latency', jsonb_build_object('t', extract(epoch FROM clock_timestamp())));
 SQL
-sql_text() { grep -v '^--' "sql/$1" | sed 's/@extschema@/public/g' | tr '\n' ' '; }
+sql_text() { grep -v '^ *--' "sql/$1" | sed 's/@extschema@/public/g' | tr '\n' ' '; }
 # The workers' claim for endpoint default alone: batch 100, lease 30 s.
 claim=$(sql_text claim_batch.sql | sed -e "s/\\\$1/ARRAY['default']/g" -e 's/\$2/ARRAY[100]/g' -e 's/\$3/ARRAY[30000]/g')
 # The claim, then the workers' mark-sent statement on the deliveries it returned: one

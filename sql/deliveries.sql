@@ -100,6 +100,10 @@ CREATE TABLE @extschema@.outbox_delivery_counts (
 
 COMMENT ON TABLE @extschema@.outbox_delivery_counts IS 'Deliveries acknowledged since the extension was created, per endpoint.';
 
+-- Moved on by every change to an endpoint or its secrets: a worker reads the endpoints again
+-- before its next claim when this differs from what it read them at.
+CREATE SEQUENCE @extschema@.outbox_endpoints_version;
+
 -- Setting only outbox.webhook_url delivers every event, as 0.1.0 did.
 INSERT INTO @extschema@.outbox_endpoints (name) VALUES ('default');
 

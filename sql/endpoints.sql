@@ -104,10 +104,12 @@ BEGIN
            headers = excluded.headers, timeout = excluded.timeout,
            max_attempts = excluded.max_attempts, max_in_flight = excluded.max_in_flight,
            ordered = excluded.ordered;
+    PERFORM nextval('@extschema@.outbox_endpoints_version');
 END
 $$;
 
--- The endpoint's row, locked for a change; a class-22 error when there is none.
+-- The endpoint's row, locked for a change, and the workers told to read the endpoints again
+-- before their next claim; a class-22 error when there is none.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_lock(name text, caller text)
 RETURNS @extschema@.outbox_endpoints
 LANGUAGE plpgsql
@@ -122,6 +124,7 @@ BEGIN
         RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(name)
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM nextval('@extschema@.outbox_endpoints_version');
     RETURN endpoint;
 END
 $$;

@@ -120,6 +120,10 @@ CREATE TABLE @extschema@.outbox_delivery_counts (
 
 COMMENT ON TABLE @extschema@.outbox_delivery_counts IS 'Deliveries acknowledged since the extension was created, per endpoint.';
 
+-- Moved on by every change to an endpoint or its secrets: a worker reads the endpoints again
+-- before its next claim when this differs from what it read them at.
+CREATE SEQUENCE @extschema@.outbox_endpoints_version;
+
 -- Setting only outbox.webhook_url delivers every event, as 0.1.0 did.
 INSERT INTO @extschema@.outbox_endpoints (name) VALUES ('default');
 
@@ -502,10 +506,12 @@ BEGIN
            headers = excluded.headers, timeout = excluded.timeout,
            max_attempts = excluded.max_attempts, max_in_flight = excluded.max_in_flight,
            ordered = excluded.ordered;
+    PERFORM nextval('@extschema@.outbox_endpoints_version');
 END
 $$;
 
--- The endpoint's row, locked for a change; a class-22 error when there is none.
+-- The endpoint's row, locked for a change, and the workers told to read the endpoints again
+-- before their next claim; a class-22 error when there is none.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_lock(name text, caller text)
 RETURNS @extschema@.outbox_endpoints
 LANGUAGE plpgsql
@@ -520,6 +526,7 @@ BEGIN
         RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(name)
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM nextval('@extschema@.outbox_endpoints_version');
     RETURN endpoint;
 END
 $$;

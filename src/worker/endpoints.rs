@@ -30,6 +30,8 @@ struct Endpoint {
 
 #[derive(Default)]
 pub struct Endpoints {
+    /// `outbox_endpoints_version` when they were read.
+    pub version: i64,
     /// Every endpoint seen, also after it was disabled or dropped: failures still in flight
     /// are recorded with its attempt cap.
     known: HashMap<Arc<str>, Endpoint>,
@@ -39,7 +41,8 @@ pub struct Endpoints {
 
 impl Endpoints {
     /// Takes the rows just read; says once (per change) why an endpoint cannot be sent to.
-    pub fn refresh(&mut self, rows: Vec<EndpointRow>, settings: &Settings, worker: usize) {
+    pub fn refresh(&mut self, rows: Vec<EndpointRow>, version: i64, settings: &Settings, worker: usize) {
+        self.version = version;
         self.active.clear();
         for row in rows {
             let name: Arc<str> = row.name.as_str().into();

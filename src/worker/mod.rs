@@ -175,8 +175,8 @@ impl Relay {
                 return stop;
             }
             if timers.claim_due && (self.can_claim() || timers.endpoints_stale) {
-                timers.endpoints_stale = false;
-                match self.claim_and_send(queries) {
+                let read_endpoints = std::mem::take(&mut timers.endpoints_stale);
+                match self.claim_and_send(queries, read_endpoints) {
                     Ok(Some(full)) => timers.after_claim(full, self.settings.poll_interval),
                     // No room, or nothing to send to: wait for a finished request or the poll.
                     Ok(None) => {}
@@ -223,33 +223,24 @@ impl Relay {
         self.unrecorded_acks.is_empty() && self.endpoints.can_claim(&self.sender, &self.settings)
     }
 
-    /// Reads the endpoints (disabling those failing for too long), claims for each what fits
-    /// in its free request slots, and starts sending. `Some(true)` if some endpoint's claim
-    /// came back full (more may be due); `None` if there was nothing to claim for.
-    fn claim_and_send(&mut self, queries: &Queries) -> Result<Option<bool>, Stop> {
-        match queue::load_endpoints(queries, self.settings.endpoint_disable_after) {
-            Ok(queue::Endpoints::ExtensionGone) => {
-                log!("outbox_ext relay {}: outbox_ext was dropped or changed in this database", self.number);
-                return Err(Stop::ExtensionChanged);
-            }
-            Ok(queue::Endpoints::Read { disabled, endpoints: rows }) => {
-                for (name, reason) in disabled {
-                    warning!(
-                        "outbox_ext: endpoint {} disabled: {}; its deliveries wait for outbox_endpoint_enable()",
-                        one_line(&name, 255),
-                        one_line(&reason, MAX_ERROR_BYTES)
-                    );
-                }
-                self.endpoints.refresh(rows, &self.settings, self.number);
-            }
-            Err(e) => return self.failed("reading the endpoints", e, queries).map(|()| None),
+    /// Reads the endpoints if asked (disabling those failing for too long), claims for each
+    /// what fits in its free request slots, and starts sending. `Some(true)` if some
+    /// endpoint's claim came back full (more may be due); `None` if there was nothing to claim
+    /// for.
+    fn claim_and_send(&mut self, queries: &Queries, read_endpoints: bool) -> Result<Option<bool>, Stop> {
+        if read_endpoints {
+            self.read_endpoints(queries)?;
         }
         let plan = self.endpoints.claim_plan(&self.sender, &self.settings);
         if plan.is_empty() || !self.unrecorded_acks.is_empty() {
             return Ok(None);
         }
-        match queue::claim_batch(queries, &plan) {
-            Ok(deliveries) => {
+        match queue::claim_batch(queries, &plan, self.endpoints.version) {
+            // Claims again with what the endpoints are now (once: a change during this claim
+            // is seen by the next one).
+            Ok(queue::Claimed::EndpointsChanged) if !read_endpoints => self.claim_and_send(queries, true),
+            Ok(queue::Claimed::EndpointsChanged) => Ok(Some(true)),
+            Ok(queue::Claimed::Deliveries(deliveries)) => {
                 let full = plan.iter().any(|claim| deliveries.iter().filter(|d| d.endpoint == claim.endpoint).count() == claim.limit);
                 for delivery in deliveries {
                     if let Some(target) = self.endpoints.target(&delivery.endpoint) {
@@ -261,6 +252,31 @@ impl Relay {
             }
             Err(e) => self.failed("claiming deliveries", e, queries).map(|()| Some(false)),
         }
+    }
+
+    /// Reads the webhook endpoints, after disabling those that have failed for longer than
+    /// `outbox.endpoint_disable_after`. Done at each poll and reload, not at each commit's
+    /// wakeup: endpoint changes reach the workers within a poll interval, while the claim
+    /// itself leaves out an endpoint disabled or dropped since at once.
+    fn read_endpoints(&mut self, queries: &Queries) -> Result<(), Stop> {
+        match queue::load_endpoints(queries, self.settings.endpoint_disable_after) {
+            Ok(queue::Endpoints::ExtensionGone) => {
+                log!("outbox_ext relay {}: outbox_ext was dropped or changed in this database", self.number);
+                return Err(Stop::ExtensionChanged);
+            }
+            Ok(queue::Endpoints::Read { disabled, endpoints: rows, version }) => {
+                for (name, reason) in disabled {
+                    warning!(
+                        "outbox_ext: endpoint {} disabled: {}; its deliveries wait for outbox_endpoint_enable()",
+                        one_line(&name, 255),
+                        one_line(&reason, MAX_ERROR_BYTES)
+                    );
+                }
+                self.endpoints.refresh(rows, version, &self.settings, self.number);
+            }
+            Err(e) => self.failed("reading the endpoints", e, queries)?,
+        }
+        Ok(())
     }
 
     /// Records every attempt that finished: acknowledgements first, in a transaction of their
@@ -365,8 +381,8 @@ fn warn_dead(delivery: &DeadDelivery) {
 struct Timers {
     /// A commit woke the worker, or the last claim came back full.
     claim_due: bool,
-    /// A commit, the poll or a reload happened since the endpoints were last read: read them
-    /// again even if none of those read last could take a claim (one may have been fixed).
+    /// The poll or a reload happened since the endpoints were last read: read them again even
+    /// if none of those read last could take a claim (one may have been fixed or added).
     endpoints_stale: bool,
     next_poll: Instant,
     next_cleanup: Instant,
@@ -415,7 +431,8 @@ impl Timers {
             self.endpoints_stale = true;
             self.next_poll = now + poll_interval;
         }
+        // Not endpoints_stale: a busy database commits thousands of times a second, and each
+        // commit wakes the workers; endpoint changes are picked up at the next poll.
         self.claim_due |= latch;
-        self.endpoints_stale |= latch;
     }
 }

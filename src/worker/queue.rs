@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
 
 use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
@@ -45,6 +46,7 @@ pub struct EndpointRow {
 pub struct Queries {
     pub installation: Installation,
     disable_failing_endpoints: String,
+    endpoints_version: String,
     load_endpoints: String,
     claim_batch: String,
     mark_sent: String,
@@ -56,6 +58,8 @@ impl Queries {
     pub fn new(installation: Installation) -> Queries {
         Queries {
             disable_failing_endpoints: installation.qualify(include_str!("../../sql/disable_failing_endpoints.sql")),
+            // Until its first nextval a sequence shows last_value 1 too: is_called tells them apart.
+            endpoints_version: installation.qualify("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM @extschema@.outbox_endpoints_version"),
             load_endpoints: installation.qualify(include_str!("../../sql/load_endpoints.sql")),
             claim_batch: installation.qualify(include_str!("../../sql/claim_batch.sql")),
             mark_sent: installation.qualify(include_str!("../../sql/mark_sent.sql")),
@@ -91,8 +95,9 @@ pub fn find_installation() -> Result<Option<Installation>, TransactionError> {
 
 /// What `load_endpoints` found.
 pub enum Endpoints {
-    /// The endpoints that were just disabled (name and reason), and those to claim for.
-    Read { disabled: Vec<(String, String)>, endpoints: Vec<EndpointRow> },
+    /// The endpoints that were just disabled (name and reason), those to claim for, and the
+    /// version of the endpoints they are (see `claim_batch`).
+    Read { disabled: Vec<(String, String)>, endpoints: Vec<EndpointRow>, version: i64 },
     /// The extension these statements were made for is gone (dropped, perhaps created again:
     /// the same table names may now hold other rows).
     ExtensionGone,
@@ -108,6 +113,8 @@ pub fn load_endpoints(queries: &Queries, disable_after: Option<Duration>) -> Res
             if client.select(same, None, &[queries.installation.oid.into()])?.first().get_one::<bool>()? != Some(true) {
                 return Ok(Endpoints::ExtensionGone);
             }
+            // Read first: a change after this makes the next claim see a newer version.
+            let version = endpoints_version(&client, queries)?;
             let mut disabled = Vec::new();
             if let Some(after) = disable_after {
                 for row in client.update(queries.disable_failing_endpoints.as_str(), None, &[millis(after).into()])? {
@@ -128,21 +135,37 @@ pub fn load_endpoints(queries: &Queries, disable_after: Option<Duration>) -> Res
                     secrets: row.get(8)?.unwrap_or_default(),
                 });
             }
-            Ok(Endpoints::Read { disabled, endpoints })
+            Ok(Endpoints::Read { disabled, endpoints, version })
         })
     })
+}
+
+/// The position of `outbox_endpoints_version`, which every change to an endpoint moves on.
+fn endpoints_version(client: &SpiClient<'_>, queries: &Queries) -> Result<i64, pgrx::spi::SpiError> {
+    Ok(client.select(queries.endpoints_version.as_str(), None, &[])?.first().get_one::<i64>()?.unwrap_or(0))
+}
+
+/// What a claim got: the deliveries, or nothing because the endpoints changed since the
+/// worker read them at `version` (it reads them again and claims then: a new secret signs
+/// every attempt started after its rotation committed).
+pub enum Claimed {
+    Deliveries(Vec<Event>),
+    EndpointsChanged,
 }
 
 /// Claims up to the given number of due deliveries of each endpoint, with
 /// `synchronous_commit = off`: losing a claim in a crash only makes its deliveries claimable
 /// again (they were at most in flight), and the next acknowledgement, committed synchronously,
 /// flushes the claim's WAL with its own. One WAL flush per batch is saved.
-pub fn claim_batch(queries: &Queries, wanted: &[Claim]) -> Result<Vec<Event>, TransactionError> {
+pub fn claim_batch(queries: &Queries, wanted: &[Claim], version: i64) -> Result<Claimed, TransactionError> {
     let endpoints: Vec<String> = wanted.iter().map(|claim| claim.endpoint.to_string()).collect();
     let limits: Vec<i64> = wanted.iter().map(|claim| claim.limit as i64).collect();
     let leases: Vec<f64> = wanted.iter().map(|claim| millis(claim.lease)).collect();
     let claimed = transaction::run(|| {
         Spi::connect_mut(|client| {
+            if endpoints_version(&client, queries)? != version {
+                return Ok(None);
+            }
             client.update("SET LOCAL synchronous_commit = off", None, &[])?;
             let args = [endpoints.into(), limits.into(), leases.into()];
             let rows = client.update(queries.claim_batch.as_str(), None, &args)?;
@@ -155,16 +178,20 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim]) -> Result<Vec<Event>, Tr
                 ))
             })
             .collect::<Result<Vec<_>, _>>()
+            .map(Some)
         })
     })?;
+    let Some(claimed) = claimed else { return Ok(Claimed::EndpointsChanged) };
     // Share the endpoint names the worker already holds instead of one copy per delivery.
-    Ok(claimed
-        .into_iter()
-        .filter_map(|(endpoint, id, attempts, body)| {
-            let endpoint = wanted.iter().find(|claim| *claim.endpoint == *endpoint)?.endpoint.clone();
-            Some(Event { endpoint, id, attempts, body })
-        })
-        .collect())
+    Ok(Claimed::Deliveries(
+        claimed
+            .into_iter()
+            .filter_map(|(endpoint, id, attempts, body)| {
+                let endpoint = wanted.iter().find(|claim| *claim.endpoint == *endpoint)?.endpoint.clone();
+                Some(Event { endpoint, id, attempts, body })
+            })
+            .collect(),
+    ))
 }
 
 /// Records acknowledged deliveries in a transaction of their own, so that nothing else that
