@@ -4,7 +4,7 @@ use super::cluster::{db, wait_until};
 use super::receiver::{Receiver, Reply};
 use crate::catalog::{Installation, LIBRARY_VERSION};
 use crate::delivery::SigningKey;
-use crate::worker::Queries;
+use crate::worker::claim_batch_sql;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -56,8 +56,7 @@ fn claims_are_served_by_the_partial_index() {
     db.insert_deliveries("pending", 10, "attempts", "0");
     db.execute("ANALYZE outbox; ANALYZE outbox_deliveries");
     let installation = Installation { schema: "public".into(), version: LIBRARY_VERSION.into(), oid: pgrx::pg_sys::InvalidOid };
-    let claim = Queries::new(installation);
-    db.execute(&format!("BEGIN; PREPARE claim(text[], bigint[], float8[]) AS {}", claim.claim_batch_sql()));
+    db.execute(&format!("BEGIN; PREPARE claim(text[], bigint[], float8[]) AS {}", claim_batch_sql(&installation)));
     let plan: Vec<String> = db
         .client
         .query("EXPLAIN EXECUTE claim('{default}', '{100}', '{30000}')", &[])

@@ -17,6 +17,8 @@ use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 
 pub use queue::Queries;
+#[cfg(test)]
+pub use queue::claim_batch_sql;
 use endpoints::Endpoints;
 use queue::DeadDelivery;
 use transaction::TransactionError;
@@ -122,10 +124,16 @@ impl Relay {
             }
             let reason = match queue::find_installation() {
                 Ok(Some(installation)) if installation.is_current() => {
-                    if !said.is_empty() {
-                        log!("outbox_ext relay {}: outbox_ext {} found in schema {}", self.number, installation.version, installation.schema);
+                    let (version, schema) = (installation.version.clone(), installation.schema.clone());
+                    match queue::prepare(installation) {
+                        Ok(queries) => {
+                            if !said.is_empty() {
+                                log!("outbox_ext relay {}: outbox_ext {version} found in schema {schema}", self.number);
+                            }
+                            return Some(queries);
+                        }
+                        Err(e) => format!("cannot prepare its statements: {e}"),
                     }
-                    return Some(Queries::new(installation));
                 }
                 Ok(Some(installation)) => format!(
                     "waiting for ALTER EXTENSION outbox_ext UPDATE (its schema is version {}, this library {LIBRARY_VERSION})",

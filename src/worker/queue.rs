@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgrx::prelude::*;
-use pgrx::spi::SpiClient;
+use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 
 use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
@@ -42,38 +42,61 @@ pub struct EndpointRow {
     pub secrets: Vec<String>,
 }
 
-/// The worker's statements, with the extension's tables named by their schema.
+const CLAIM_BATCH: &str = include_str!("../../sql/claim_batch.sql");
+/// Until its first nextval a sequence shows last_value 1 too: is_called tells them apart.
+const ENDPOINTS_VERSION: &str = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM @extschema@.outbox_endpoints_version";
+
+/// The worker's statements, with the extension's tables named by their schema. Those run for
+/// every batch are prepared once (planning the claim took longer than running it); the
+/// others run at most once a poll and are planned each time, with their arguments' values.
 pub struct Queries {
     pub installation: Installation,
+    endpoints_version: OwnedPreparedStatement,
+    claim_batch: OwnedPreparedStatement,
+    mark_sent: OwnedPreparedStatement,
+    record_failures: OwnedPreparedStatement,
     disable_failing_endpoints: String,
-    endpoints_version: String,
     load_endpoints: String,
-    claim_batch: String,
-    mark_sent: String,
-    record_failures: String,
     delete_expired: String,
 }
 
-impl Queries {
-    pub fn new(installation: Installation) -> Queries {
-        Queries {
-            disable_failing_endpoints: installation.qualify(include_str!("../../sql/disable_failing_endpoints.sql")),
-            // Until its first nextval a sequence shows last_value 1 too: is_called tells them apart.
-            endpoints_version: installation.qualify("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM @extschema@.outbox_endpoints_version"),
-            load_endpoints: installation.qualify(include_str!("../../sql/load_endpoints.sql")),
-            claim_batch: installation.qualify(include_str!("../../sql/claim_batch.sql")),
-            mark_sent: installation.qualify(include_str!("../../sql/mark_sent.sql")),
-            record_failures: installation.qualify(include_str!("../../sql/record_failures.sql")),
-            delete_expired: installation.qualify(include_str!("../../sql/delete_expired.sql")),
-            installation,
-        }
-    }
+/// The statements for `installation`, prepared in a transaction of their own.
+pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> {
+    use pg_sys::{FLOAT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID, OIDOID, TEXTARRAYOID};
+    let prepared = transaction::run(|| {
+        Spi::connect_mut(|client| {
+            let prepare = |sql: &str, types: &[pg_sys::Oid]| -> Result<OwnedPreparedStatement, pgrx::spi::SpiError> {
+                let types: Vec<pg_sys::PgOid> = types.iter().map(|oid| (*oid).into()).collect();
+                Ok(client.prepare_mut(installation.qualify(sql).as_str(), &types)?.keep())
+            };
+            Ok([
+                prepare(ENDPOINTS_VERSION, &[])?,
+                prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID])?,
+                prepare(include_str!("../../sql/mark_sent.sql"), &[TEXTARRAYOID, INT8ARRAYOID, OIDOID])?,
+                prepare(
+                    include_str!("../../sql/record_failures.sql"),
+                    &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, OIDOID],
+                )?,
+            ])
+        })
+    })?;
+    let [endpoints_version, claim_batch, mark_sent, record_failures] = prepared;
+    Ok(Queries {
+        endpoints_version,
+        claim_batch,
+        mark_sent,
+        record_failures,
+        disable_failing_endpoints: installation.qualify(include_str!("../../sql/disable_failing_endpoints.sql")),
+        load_endpoints: installation.qualify(include_str!("../../sql/load_endpoints.sql")),
+        delete_expired: installation.qualify(include_str!("../../sql/delete_expired.sql")),
+        installation,
+    })
+}
 
-    /// The claim as the workers run it; the EXPLAIN test plans the same text.
-    #[cfg(test)]
-    pub fn claim_batch_sql(&self) -> &str {
-        &self.claim_batch
-    }
+/// The claim as the workers run it; the EXPLAIN test plans the same text.
+#[cfg(test)]
+pub fn claim_batch_sql(installation: &Installation) -> String {
+    installation.qualify(CLAIM_BATCH)
 }
 
 /// Pins this session's search_path to pg_catalog: every statement the worker runs then
@@ -83,6 +106,9 @@ pub fn pin_search_path() -> Result<(), TransactionError> {
     transaction::run(|| {
         Spi::connect_mut(|client| {
             client.update("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)", None, &[])?;
+            // The prepared statements' plans do not depend on their arguments' values: plan
+            // them once, not again for each call as the plan cache may choose to.
+            client.update("SELECT pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', false)", None, &[])?;
             Ok(())
         })
     })
@@ -114,7 +140,7 @@ pub fn load_endpoints(queries: &Queries, disable_after: Option<Duration>) -> Res
                 return Ok(Endpoints::ExtensionGone);
             }
             // Read first: a change after this makes the next claim see a newer version.
-            let version = endpoints_version(&client, queries)?;
+            let version = endpoints_version(client, queries)?;
             let mut disabled = Vec::new();
             if let Some(after) = disable_after {
                 for row in client.update(queries.disable_failing_endpoints.as_str(), None, &[millis(after).into()])? {
@@ -141,8 +167,8 @@ pub fn load_endpoints(queries: &Queries, disable_after: Option<Duration>) -> Res
 }
 
 /// The position of `outbox_endpoints_version`, which every change to an endpoint moves on.
-fn endpoints_version(client: &SpiClient<'_>, queries: &Queries) -> Result<i64, pgrx::spi::SpiError> {
-    Ok(client.select(queries.endpoints_version.as_str(), None, &[])?.first().get_one::<i64>()?.unwrap_or(0))
+fn endpoints_version(client: &mut SpiClient<'_>, queries: &Queries) -> Result<i64, pgrx::spi::SpiError> {
+    Ok(client.update(&queries.endpoints_version, None, &[])?.first().get_one::<i64>()?.unwrap_or(0))
 }
 
 /// What a claim got: the deliveries, or nothing because the endpoints changed since the
@@ -163,12 +189,12 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], version: i64) -> Result<
     let leases: Vec<f64> = wanted.iter().map(|claim| millis(claim.lease)).collect();
     let claimed = transaction::run(|| {
         Spi::connect_mut(|client| {
-            if endpoints_version(&client, queries)? != version {
+            if endpoints_version(client, queries)? != version {
                 return Ok(None);
             }
             client.update("SET LOCAL synchronous_commit = off", None, &[])?;
             let args = [endpoints.into(), limits.into(), leases.into()];
-            let rows = client.update(queries.claim_batch.as_str(), None, &args)?;
+            let rows = client.update(&queries.claim_batch, None, &args)?;
             rows.map(|row| {
                 Ok((
                     row.get::<String>(1)?.unwrap_or_default(),
@@ -201,7 +227,7 @@ pub fn mark_sent(queries: &Queries, acks: &[(Arc<str>, i64)]) -> Result<(), Tran
     let ids: Vec<i64> = acks.iter().map(|(_, id)| *id).collect();
     transaction::run(|| {
         Spi::connect_mut(|client| {
-            client.update(queries.mark_sent.as_str(), None, &[endpoints.into(), ids.into(), queries.installation.oid.into()])?;
+            client.update(&queries.mark_sent, None, &[endpoints.into(), ids.into(), queries.installation.oid.into()])?;
             Ok(())
         })
     })
@@ -230,7 +256,7 @@ pub fn record_failures(queries: &Queries, failed: &[(&Attempt, i32)]) -> Result<
                 caps.into(),
                 queries.installation.oid.into(),
             ];
-            let rows = client.update(queries.record_failures.as_str(), None, &args)?;
+            let rows = client.update(&queries.record_failures, None, &args)?;
             let mut dead = Vec::new();
             for row in rows {
                 if row.get::<bool>(4)?.unwrap_or(false) {
