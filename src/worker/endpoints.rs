@@ -89,25 +89,27 @@ impl Endpoints {
     /// endpoint unless at least half a batch fits in its free request slots, so that claims
     /// stay batched while earlier requests are in flight.
     pub fn claim_plan(&self, sender: &Sender, settings: &Settings) -> Vec<Claim> {
-        self.active
-            .iter()
-            .filter_map(|name| {
-                let endpoint = &self.known[name];
-                let target = endpoint.target.as_ref().ok()?;
-                let free = endpoint.max_in_flight.saturating_sub(sender.in_flight_to(name));
-                let batch = settings.batch_size.min(endpoint.max_in_flight);
-                (free >= batch.div_ceil(2)).then(|| Claim {
-                    endpoint: name.clone(),
-                    limit: free.min(settings.batch_size),
-                    lease: settings.lease.max(target.timeout + LEASE_MARGIN),
-                })
-            })
-            .collect()
+        self.claims(sender, settings).collect()
     }
 
-    /// Whether some endpoint, as last read, can take a claim.
+    /// Whether some endpoint, as last read, can take a claim. Asked on every turn of the
+    /// worker's loop, so it builds no plan.
     pub fn can_claim(&self, sender: &Sender, settings: &Settings) -> bool {
-        !self.claim_plan(sender, settings).is_empty()
+        self.claims(sender, settings).next().is_some()
+    }
+
+    fn claims<'a>(&'a self, sender: &'a Sender, settings: &'a Settings) -> impl Iterator<Item = Claim> + 'a {
+        self.active.iter().filter_map(move |name| {
+            let endpoint = &self.known[name];
+            let target = endpoint.target.as_ref().ok()?;
+            let free = endpoint.max_in_flight.saturating_sub(sender.in_flight_to(name));
+            let batch = settings.batch_size.min(endpoint.max_in_flight);
+            (free >= batch.div_ceil(2)).then(|| Claim {
+                endpoint: name.clone(),
+                limit: free.min(settings.batch_size),
+                lease: settings.lease.max(target.timeout + LEASE_MARGIN),
+            })
+        })
     }
 
     pub fn target(&self, name: &str) -> Option<Arc<Target>> {
