@@ -13,6 +13,7 @@ CREATE TABLE @extschema@.outbox_endpoints (
     max_attempts    integer,
     max_in_flight   integer,
     ordered         boolean     NOT NULL DEFAULT false,
+    notify          boolean     NOT NULL DEFAULT false,
     failing_since   timestamptz,
     last_success_at timestamptz,
     last_error      text,
@@ -29,6 +30,7 @@ COMMENT ON COLUMN @extschema@.outbox_endpoints.headers IS 'Static request header
 COMMENT ON COLUMN @extschema@.outbox_endpoints.timeout IS 'Whole-request timeout; null means outbox.http_timeout.';
 COMMENT ON COLUMN @extschema@.outbox_endpoints.max_attempts IS 'Attempts before a delivery is dead; null means outbox.max_attempts.';
 COMMENT ON COLUMN @extschema@.outbox_endpoints.max_in_flight IS 'Requests in flight per relay worker; null means outbox.concurrency.';
+COMMENT ON COLUMN @extschema@.outbox_endpoints.notify IS 'Pull endpoints: NOTIFY channel "outbox.<name>" when an enqueue that routed to it commits.';
 COMMENT ON COLUMN @extschema@.outbox_endpoints.failing_since IS 'First failed attempt since the last success; null while healthy.';
 COMMENT ON COLUMN @extschema@.outbox_endpoints.disabled_at IS 'Set by outbox_endpoint_disable() or after outbox.endpoint_disable_after of failures; deliveries wait.';
 
@@ -62,10 +64,10 @@ CREATE TABLE @extschema@.outbox_deliveries (
 COMMENT ON TABLE @extschema@.outbox_deliveries IS 'One row per event and endpoint it was routed to: the delivery state.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.available_at IS 'Not claimable before this; a claim pushes it forward by outbox.lease.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.attempts IS 'Number of claims so far.';
-COMMENT ON COLUMN @extschema@.outbox_deliveries.sent_at IS 'Set only after the receiver answered 2xx.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.sent_at IS 'Set only after the receiver answered 2xx, or a pull consumer acknowledged it.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.dead_at IS 'Set when attempts reached the cap; outbox_requeue() brings the delivery back.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.last_error IS 'What the last failed attempt saw: HTTP status, timeout or connection error.';
-COMMENT ON COLUMN @extschema@.outbox_deliveries.claimed_by IS 'Process id of the relay worker that claimed the delivery last (see pg_stat_activity); cleared when its failure is recorded.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.claimed_by IS 'Process id of the relay worker or consumer session that claimed the delivery last (see pg_stat_activity); cleared when its failure is recorded.';
 
 -- The queue: only deliveries still to make, per endpoint in claim order. Its size tracks the
 -- backlog, not the history, and every claim is served by it.

@@ -14,7 +14,8 @@ CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_set(
     timeout interval DEFAULT NULL,
     max_attempts integer DEFAULT NULL,
     max_in_flight integer DEFAULT NULL,
-    ordered boolean DEFAULT false)
+    ordered boolean DEFAULT false,
+    notify boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -87,9 +88,18 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_set: max_in_flight must be between 1 and 1000'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF kind = 'pull' THEN
-        RAISE EXCEPTION 'outbox_endpoint_set: pull endpoints are not supported yet (their claim functions come in a later step)'
-              USING ERRCODE = 'feature_not_supported';
+    IF kind = 'pull' AND (headers <> '{}' OR timeout IS NOT NULL OR max_in_flight IS NOT NULL) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: headers, timeout and max_in_flight are for webhook requests; a pull endpoint''s consumers choose their lease and batch in outbox_claim'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF notify IS NULL OR (notify AND kind <> 'pull') THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: notify is true or false, and only a pull endpoint notifies (the relay workers are woken anyway)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Its channel, "outbox.<name>", must fit in a NOTIFY channel name (63 bytes).
+    IF notify AND octet_length(name) > 56 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: the name of an endpoint that notifies is at most 56 bytes (its channel is "outbox.<name>")'
+              USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF ordered IS NULL OR ordered THEN
         RAISE EXCEPTION 'outbox_endpoint_set: ordered endpoints are not supported yet'
@@ -97,13 +107,13 @@ BEGIN
     END IF;
 
     INSERT INTO @extschema@.outbox_endpoints AS e
-           (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered)
-    VALUES (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered)
+           (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered, notify)
+    VALUES (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered, notify)
     ON CONFLICT ON CONSTRAINT outbox_endpoints_pkey DO UPDATE
        SET kind = excluded.kind, url = excluded.url, topics = excluded.topics,
            headers = excluded.headers, timeout = excluded.timeout,
            max_attempts = excluded.max_attempts, max_in_flight = excluded.max_in_flight,
-           ordered = excluded.ordered;
+           ordered = excluded.ordered, notify = excluded.notify;
     PERFORM nextval('@extschema@.outbox_endpoints_version');
 END
 $$;
@@ -246,7 +256,7 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_lock(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_rotate_secret(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_disable(text, text) FROM PUBLIC;

@@ -1,5 +1,7 @@
 -- outbox_enqueue's statement: the event and one delivery per endpoint whose topics match;
 -- returns the event's id and how many deliveries it got (none: sql/note_unrouted.sql runs).
+-- A pull endpoint with notify set is notified on channel "outbox.<name>" at commit (the third
+-- column counts the notifications; naming it is what makes that step run).
 -- $1 topic, $2 payload, $3 key, $4 deliver_at (null or past: now, so that a past time cannot
 -- jump the queue).
 -- It runs under the caller's search_path, so every object, function and operator is named by
@@ -16,5 +18,10 @@ WITH event AS (
       FROM event, patterns, @extschema@.outbox_endpoints AS e
      WHERE e.topics OPERATOR(pg_catalog.&&) patterns.topics
     RETURNING 1
+), notified AS (
+    SELECT pg_catalog.pg_notify('outbox.' OPERATOR(pg_catalog.||) e.name, '')
+      FROM patterns, @extschema@.outbox_endpoints AS e
+     WHERE e.notify
+       AND e.topics OPERATOR(pg_catalog.&&) patterns.topics
 )
-SELECT event.id, (SELECT pg_catalog.count(*) FROM routed) FROM event
+SELECT event.id, (SELECT pg_catalog.count(*) FROM routed), (SELECT pg_catalog.count(*) FROM notified) FROM event

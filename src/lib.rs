@@ -35,6 +35,7 @@ mod e2e;
 extension_sql_file!("../sql/schema.sql", bootstrap);
 extension_sql_file!("../sql/deliveries.sql", name = "deliveries");
 extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["deliveries"]);
+extension_sql_file!("../sql/pull.sql", name = "pull", requires = ["endpoints"]);
 extension_sql_file!("../sql/api.sql", finalize);
 
 #[pg_guard]

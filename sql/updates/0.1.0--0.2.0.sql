@@ -70,3 +70,4 @@ COMMENT ON COLUMN @extschema@.outbox.key IS 'Ordering key (e.g. the aggregate id
 
 --@include api.sql
 --@include endpoints.sql
+--@include pull.sql

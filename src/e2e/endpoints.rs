@@ -67,8 +67,8 @@ fn each_event_goes_to_every_endpoint_whose_topics_match_and_the_rest_is_kept_unr
 fn endpoint_management_rejects_bad_input_with_class_22_and_changes_nothing() {
     let mut db = db();
     let long_url = format!("'http://127.0.0.1/{}'", "x".repeat(2048));
-    let pull = db.client.batch_execute("SELECT outbox_endpoint_set('jobs', NULL, kind => 'pull')").expect_err("not yet");
-    assert_eq!(pull.code().map(|c| c.code()), Some("0A000"), "pull endpoints are refused until they can be claimed: {pull}");
+    let ordered = db.client.batch_execute("SELECT outbox_endpoint_set('e', 'http://127.0.0.1/', ordered => true)").expect_err("not yet");
+    assert_eq!(ordered.code().map(|c| c.code()), Some("0A000"), "ordered endpoints are refused until they keep order: {ordered}");
     let cases: Vec<(String, &str)> = [
         ("'bad name', 'http://127.0.0.1/'", "endpoint name"),
         ("NULL, 'http://127.0.0.1/'", "endpoint name"),

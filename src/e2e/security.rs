@@ -158,20 +158,34 @@ fn the_producer_recipe_enqueues_and_can_neither_read_change_nor_forge_rows() {
 }
 
 #[test]
-fn the_consumer_recipe_records_processed_events_and_nothing_else() {
+fn the_consumer_recipe_claims_acks_and_records_processed_events_and_nothing_else() {
     let mut db = db();
     db.fresh_role("consumer");
-    db.execute("GRANT EXECUTE ON FUNCTION outbox_mark_processed(bigint, text) TO consumer");
+    db.execute(
+        "GRANT EXECUTE ON FUNCTION outbox_claim(text, integer, interval), outbox_ack(text, bigint, integer),
+               outbox_nack(text, bigint, integer, text, interval), outbox_extend(text, bigint, integer, interval),
+               outbox_mark_processed(bigint, text) TO consumer",
+    );
+    db.execute("SELECT outbox_endpoint_set('jobs', NULL, kind => 'pull')");
+    let id = db.enqueue("job", "{}");
 
-    let first: bool = db.as_role("consumer", "SELECT outbox_mark_processed(42, 'billing')").unwrap()[0].get(0);
-    let again: bool = db.as_role("consumer", "SELECT outbox_mark_processed(42, 'billing')").unwrap()[0].get(0);
-    assert!(first && !again, "true the first time, false for the duplicate");
+    let claimed = db.as_role("consumer", "SELECT event_id, attempt FROM outbox_claim('jobs')").unwrap();
+    assert_eq!((claimed[0].get::<_, i64>(0), claimed[0].get::<_, i32>(1)), (id, 1));
+    let extended: bool = db.as_role("consumer", &format!("SELECT outbox_extend('jobs', {id}, 1, '1 minute')")).unwrap()[0].get(0);
+    let first: bool = db.as_role("consumer", &format!("SELECT outbox_mark_processed({id}, 'billing')")).unwrap()[0].get(0);
+    let again: bool = db.as_role("consumer", &format!("SELECT outbox_mark_processed({id}, 'billing')")).unwrap()[0].get(0);
+    assert!(extended && first && !again, "true the first time, false for the duplicate");
+    let acked: bool = db.as_role("consumer", &format!("SELECT outbox_ack('jobs', {id}, 1)")).unwrap()[0].get(0);
+    assert!(acked);
     for sql in [
         "SELECT * FROM processed_events",
         "DELETE FROM processed_events",
         "SELECT outbox_enqueue('t', '{}')",
         "SELECT * FROM outbox",
+        "UPDATE outbox_deliveries SET sent_at = now()",
         "SELECT * FROM outbox_stats()",
+        "SELECT outbox_requeue(1)",
+        "SELECT outbox_pull_endpoint_ready('jobs', 'x')",
     ] {
         refused(&mut db, "consumer", sql);
     }
@@ -183,12 +197,12 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
     db.fresh_role("operator");
     db.execute(
         "GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_endpoint_stats(), outbox_workers(), outbox_requeue(bigint, text),
-               outbox_replay(text, timestamptz, timestamptz), outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean),
+               outbox_replay(text, timestamptz, timestamptz), outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean, boolean),
                outbox_endpoint_rotate_secret(text, text, interval), outbox_endpoint_disable(text, text), outbox_endpoint_enable(text),
                outbox_endpoint_drop(text) TO operator;
          GRANT SELECT ON outbox, outbox_deliveries TO operator;
-         GRANT SELECT (name, kind, topics, timeout, max_attempts, max_in_flight, ordered, failing_since, last_success_at,
-                       last_error, disabled_at, disabled_reason) ON outbox_endpoints TO operator",
+         GRANT SELECT (name, kind, topics, timeout, max_attempts, max_in_flight, ordered, notify, failing_since,
+                       last_success_at, last_error, disabled_at, disabled_reason) ON outbox_endpoints TO operator",
     );
     let id = db.enqueue("stuck", "{}");
     db.execute(&format!("UPDATE outbox_deliveries SET dead_at = now(), attempts = 10 WHERE event_id = {id}"));

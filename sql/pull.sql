@@ -1,0 +1,232 @@
+-- Pull endpoints: consumers in any language take their deliveries over SQL, with the lease,
+-- attempts, backoff and dead state the relay workers use for webhooks. A consumer claims,
+-- handles, then acknowledges (ack) or reports a failure (nack); a long job extends its lease.
+--
+-- Fencing: a claim returns each delivery's attempt number, and ack, nack and extend name it.
+-- Only the current claim may change a delivery: once a lease ran out and another consumer
+-- claimed the delivery again, the first one's calls return false and change nothing.
+--
+-- Like the rest of the API, each function runs as the extension's owner with search_path
+-- pinned to pg_catalog (see sql/api.sql); bad arguments raise SQLSTATE 22023.
+
+-- Claims up to max_events due deliveries of a pull endpoint for lease, oldest first, in one
+-- statement (call it in autocommit: the lease starts at the transaction's start). Rows other
+-- claimers hold are skipped, not waited for; a disabled endpoint gives nothing.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_claim(endpoint text, max_events integer DEFAULT 10, lease interval DEFAULT '30 seconds')
+RETURNS TABLE (event_id bigint, topic text, payload jsonb, key text, attempt integer, created_at timestamptz)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF NOT @extschema@.outbox_pull_endpoint_ready(outbox_claim.endpoint, 'outbox_claim') THEN
+        RETURN;
+    END IF;
+    IF max_events IS NULL OR max_events NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'outbox_claim: max_events must be between 1 and 1000'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@.outbox_check_lease(lease, 'outbox_claim');
+    RETURN QUERY
+    WITH claimable AS (
+        SELECT d.ctid AS row_id
+          FROM @extschema@.outbox_deliveries AS d
+         WHERE d.endpoint = outbox_claim.endpoint
+           AND d.sent_at IS NULL
+           AND d.dead_at IS NULL
+           AND d.available_at <= now()
+         ORDER BY d.available_at, d.event_id
+         LIMIT max_events
+           FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        -- By the rows' addresses, as sql/claim_batch.sql does, for the same reason.
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET attempts     = d.attempts + 1,
+               available_at = now() + outbox_claim.lease,
+               claimed_by   = pg_backend_pid()
+         WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable))
+        RETURNING d.event_id, d.attempts
+    )
+    SELECT c.event_id, o.topic, o.payload, o.key, c.attempts, o.created_at
+      FROM claimed AS c
+      JOIN @extschema@.outbox AS o ON o.id = c.event_id
+     ORDER BY c.event_id;
+END
+$$;
+
+-- Marks a claimed delivery sent. True if this attempt is the current claim (or already sent
+-- the delivery: a repeated ack is answered as the first was); false, changing nothing, if the
+-- delivery was claimed again, nacked, requeued or dropped since.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_ack(endpoint text, event_id bigint, attempt integer)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET sent_at = now(), claimed_by = NULL
+     WHERE d.endpoint = outbox_ack.endpoint
+       AND d.event_id = outbox_ack.event_id
+       AND d.attempts = outbox_ack.attempt
+       AND d.claimed_by IS NOT NULL
+       AND d.sent_at IS NULL
+       AND d.dead_at IS NULL
+       AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull');
+    IF NOT FOUND THEN
+        PERFORM @extschema@.outbox_pull_endpoint_ready(outbox_ack.endpoint, 'outbox_ack');
+        RETURN EXISTS (SELECT FROM @extschema@.outbox_deliveries AS d
+                        WHERE d.endpoint = outbox_ack.endpoint
+                          AND d.event_id = outbox_ack.event_id
+                          AND d.attempts = outbox_ack.attempt
+                          AND d.sent_at IS NOT NULL);
+    END IF;
+    -- Counted for outbox_stats().sent in this session's shard; the endpoint's success noted
+    -- at most once a second, skipping its row if someone else is changing it right now.
+    INSERT INTO @extschema@.outbox_delivery_counts AS n (endpoint, shard, sent)
+    VALUES (outbox_ack.endpoint, pg_backend_pid() % 16, 1)
+    ON CONFLICT ON CONSTRAINT outbox_delivery_counts_pkey DO UPDATE SET sent = n.sent + 1;
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET last_success_at = now(), failing_since = NULL
+     WHERE e.name IN (SELECT h.name
+                        FROM @extschema@.outbox_endpoints AS h
+                       WHERE h.name = outbox_ack.endpoint
+                         AND (h.failing_since IS NOT NULL
+                              OR h.last_success_at IS NULL
+                              OR h.last_success_at < now() - interval '1 second')
+                         FOR NO KEY UPDATE SKIP LOCKED);
+    RETURN true;
+END
+$$;
+
+-- Records a failed attempt of the current claim: the delivery is due again after retry_in,
+-- or after the relay's backoff when null (exponential in the attempts, with jitter, at most an
+-- hour, as src/delivery/backoff.rs computes it), or dead once attempts reached the endpoint's
+-- cap (true either way). False, changing nothing, when the attempt is not the current claim.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_nack(endpoint text, event_id bigint, attempt integer, error text, retry_in interval DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    went_dead boolean;
+    reason text := left(regexp_replace(coalesce(error, 'nacked without an error'), '[[:cntrl:]]+', ' ', 'g'), 1024);
+BEGIN
+    IF retry_in < interval '0' THEN
+        RAISE EXCEPTION 'outbox_nack: retry_in must not be negative (null: the backoff)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET last_error   = reason,
+           available_at = now() + coalesce(retry_in,
+                              least(interval '1 second' * 2 ^ least(greatest(d.attempts - 1, 0), 12), interval '1 hour')
+                              * (0.5 + 0.5 * random())),
+           claimed_by   = NULL,
+           dead_at      = CASE WHEN d.attempts >= coalesce(e.max_attempts,
+                                                           nullif(current_setting('outbox.max_attempts', true), '')::integer,
+                                                           10)
+                               THEN now() END
+      FROM @extschema@.outbox_endpoints AS e
+     WHERE e.name = d.endpoint
+       AND e.kind = 'pull'
+       AND d.endpoint = outbox_nack.endpoint
+       AND d.event_id = outbox_nack.event_id
+       AND d.attempts = outbox_nack.attempt
+       AND d.claimed_by IS NOT NULL
+       AND d.sent_at IS NULL
+       AND d.dead_at IS NULL
+    RETURNING d.dead_at IS NOT NULL INTO went_dead;
+    IF NOT FOUND THEN
+        PERFORM @extschema@.outbox_pull_endpoint_ready(outbox_nack.endpoint, 'outbox_nack');
+        RETURN false;
+    END IF;
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET failing_since = coalesce(e.failing_since, now()), last_error = reason
+     WHERE e.name IN (SELECT h.name
+                        FROM @extschema@.outbox_endpoints AS h
+                       WHERE h.name = outbox_nack.endpoint
+                         FOR NO KEY UPDATE SKIP LOCKED);
+    IF went_dead THEN
+        RAISE WARNING 'outbox_ext: the delivery of event % to endpoint % is dead after % attempts; last error: %',
+              outbox_nack.event_id, outbox_nack.endpoint, outbox_nack.attempt, reason;
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Pushes the lease of the current claim to lease from now, for a job that runs long. False,
+-- changing nothing, when the attempt is not the current claim.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_extend(endpoint text, event_id bigint, attempt integer, lease interval)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_check_lease(lease, 'outbox_extend');
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET available_at = now() + outbox_extend.lease
+     WHERE d.endpoint = outbox_extend.endpoint
+       AND d.event_id = outbox_extend.event_id
+       AND d.attempts = outbox_extend.attempt
+       AND d.claimed_by IS NOT NULL
+       AND d.sent_at IS NULL
+       AND d.dead_at IS NULL
+       AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull');
+    IF NOT FOUND THEN
+        PERFORM @extschema@.outbox_pull_endpoint_ready(outbox_extend.endpoint, 'outbox_extend');
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Whether a pull endpoint can be claimed from now (false: it is disabled); a class-22 error
+-- naming the caller when there is no such pull endpoint.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_pull_endpoint_ready(endpoint text, caller text)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    target @extschema@.outbox_endpoints;
+BEGIN
+    SELECT * INTO target FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_pull_endpoint_ready.endpoint;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(endpoint)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF target.kind <> 'pull' THEN
+        RAISE EXCEPTION '%: endpoint % is a % endpoint; the relay workers deliver its events', caller, quote_literal(endpoint), target.kind
+              USING ERRCODE = 'invalid_parameter_value',
+                    HINT = 'Create a pull endpoint with outbox_endpoint_set(name, NULL, topics, kind => ''pull'').';
+    END IF;
+    RETURN target.disabled_at IS NULL;
+END
+$$;
+
+-- A lease is positive and at most a day: a consumer that needs longer extends it.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_check_lease(lease interval, caller text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lease IS NULL OR lease <= interval '0' OR lease > interval '1 day' THEN
+        RAISE EXCEPTION '%: lease must be positive and at most 1 day', caller
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_claim(text, integer, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_ack(text, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_nack(text, bigint, integer, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, integer, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_pull_endpoint_ready(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_check_lease(interval, text) FROM PUBLIC;

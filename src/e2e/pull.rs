@@ -1,0 +1,238 @@
+//! Pull endpoints: consumers claim, ack, nack and extend over SQL, fenced by the attempt
+//! number, with the workers' backoff and attempt cap; the relay leaves them alone; an
+//! endpoint may notify its listeners at commit.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use postgres::fallible_iterator::FallibleIterator;
+
+use super::cluster::{db, wait_until, Db};
+use super::receiver::{Receiver, Reply};
+
+/// A claimed delivery: (event id, attempt).
+type Claim = (i64, i32);
+
+fn pull_endpoint(db: &mut Db, name: &str, topics: &str, extra: &str) {
+    db.execute(&format!("SELECT outbox_endpoint_set('{name}', NULL, '{topics}', kind => 'pull'{extra})"));
+}
+
+fn claim(client: &mut postgres::Client, endpoint: &str, max: i32, lease: &str) -> Vec<Claim> {
+    client
+        .query("SELECT event_id, attempt FROM outbox_claim($1, $2, $3::text::interval)", &[&endpoint, &max, &lease])
+        .unwrap_or_else(|e| panic!("outbox_claim: {e}"))
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// Calls outbox_ack, outbox_nack or outbox_extend (`call`, with its SQL arguments after the
+/// endpoint) and returns its answer.
+fn answer(db: &mut Db, call: &str) -> bool {
+    db.value(&format!("SELECT {call}"))
+}
+
+#[test]
+fn a_pull_endpoint_is_claimed_and_acked_over_sql_and_the_relay_never_claims_it() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+    pull_endpoint(&mut db, "jobs", "{job.*}", "");
+    let jobs: Vec<i64> = (1..=5)
+        .map(|n| db.value(&format!("SELECT outbox_enqueue('job.email', '{{\"n\": {n}}}', key => 'k{n}')")))
+        .collect();
+    // The workers deliver default's copy of the last job; claims come in id order, so by then
+    // they have claimed past every pull delivery, had they been claiming those.
+    wait_until("the webhook copy of the last job is sent", Duration::from_secs(10), || db.is_sent(jobs[4]));
+    assert_eq!(db.count_to("jobs", "attempts = 0"), 5, "the relay workers never claim a pull endpoint");
+
+    let rows = db
+        .client
+        .query("SELECT event_id, topic, payload::text, key, attempt FROM outbox_claim('jobs', 3)", &[])
+        .expect("outbox_claim");
+    let first: Vec<(i64, String, String, String, i32)> =
+        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
+    assert_eq!(
+        first,
+        (0..3).map(|i| (jobs[i], "job.email".to_string(), format!("{{\"n\": {}}}", i + 1), format!("k{}", i + 1), 1)).collect::<Vec<_>>()
+    );
+    let rest = claim(&mut db.client, "jobs", 10, "30 s");
+    assert_eq!(rest, vec![(jobs[3], 1), (jobs[4], 1)]);
+    assert!(claim(&mut db.client, "jobs", 10, "30 s").is_empty(), "claimed deliveries are leased");
+
+    for &id in &jobs {
+        assert!(answer(&mut db, &format!("outbox_ack('jobs', {id}, 1)")));
+    }
+    assert!(answer(&mut db, &format!("outbox_ack('jobs', {}, 1)", jobs[0])), "a repeated ack is answered as the first");
+    assert_eq!(db.count_to("jobs", "sent_at IS NOT NULL"), 5);
+    let stats: (i64, i64) = {
+        let row = db.client.query_one("SELECT pending, waiting FROM outbox_endpoint_stats() WHERE endpoint = 'jobs'", &[]).unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(stats, (0, 0));
+    assert_eq!(db.value::<i64>("SELECT sent FROM outbox_stats()"), 10, "five webhook and five pull deliveries counted");
+    assert!(db.value::<bool>("SELECT last_success_at IS NOT NULL FROM outbox_endpoints WHERE name = 'jobs'"));
+
+    // Replay makes sent ones claimable again, with a fresh attempt count.
+    assert_eq!(db.value::<i64>("SELECT outbox_replay('jobs', now() - interval '1 hour')"), 5);
+    assert_eq!(claim(&mut db.client, "jobs", 10, "30 s"), jobs.iter().map(|&id| (id, 1)).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_consumer_whose_lease_ran_out_cannot_ack_nack_or_extend_after_another_claimed() {
+    let mut db = db();
+    pull_endpoint(&mut db, "jobs", "{*}", "");
+    let id = db.enqueue("job", "{}");
+    assert_eq!(claim(&mut db.client, "jobs", 1, "100 ms"), vec![(id, 1)]);
+    let mut second = Vec::new();
+    wait_until("the lease runs out and another consumer claims the job", Duration::from_secs(10), || {
+        second = claim(&mut db.client, "jobs", 1, "30 s");
+        !second.is_empty()
+    });
+    assert_eq!(second, vec![(id, 2)]);
+    let before: String = db.value(&format!("SELECT row(d.*)::text FROM outbox_deliveries d WHERE endpoint = 'jobs' AND event_id = {id}"));
+    for stale in [
+        format!("outbox_ack('jobs', {id}, 1)"),
+        format!("outbox_nack('jobs', {id}, 1, 'late')"),
+        format!("outbox_extend('jobs', {id}, 1, '1 hour')"),
+    ] {
+        assert!(!answer(&mut db, &stale), "{stale} is fenced off");
+    }
+    let after: String = db.value(&format!("SELECT row(d.*)::text FROM outbox_deliveries d WHERE endpoint = 'jobs' AND event_id = {id}"));
+    assert_eq!(after, before, "the stale consumer changed nothing");
+
+    assert!(answer(&mut db, &format!("outbox_extend('jobs', {id}, 2, '1 hour')")), "the current claim extends");
+    assert!(db.value::<bool>(&format!(
+        "SELECT available_at > now() + interval '59 minutes' FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}"
+    )));
+    assert!(answer(&mut db, &format!("outbox_ack('jobs', {id}, 2)")));
+    assert!(!answer(&mut db, &format!("outbox_ack('jobs', {id}, 1)")), "still fenced after the ack");
+}
+
+#[test]
+fn nack_backs_off_or_waits_retry_in_and_the_attempt_cap_makes_the_job_dead() {
+    let mut db = db();
+    pull_endpoint(&mut db, "jobs", "{*}", ", max_attempts => 3");
+    let id = db.enqueue("job", "{}");
+    let due_in = |db: &mut Db| -> f64 {
+        db.value(&format!("SELECT extract(epoch FROM available_at - now())::float8 FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}"))
+    };
+
+    assert_eq!(claim(&mut db.client, "jobs", 1, "30 s"), vec![(id, 1)]);
+    assert!(answer(&mut db, &format!("outbox_nack('jobs', {id}, 1, 'smtp: 451 try later', '0 s')")));
+    assert!(!answer(&mut db, &format!("outbox_nack('jobs', {id}, 1, 'again')")), "a nacked attempt is no claim any more");
+    assert!(!answer(&mut db, &format!("outbox_ack('jobs', {id}, 1)")), "nor can it be acked");
+    assert_eq!(claim(&mut db.client, "jobs", 1, "30 s"), vec![(id, 2)], "retry_in 0: due at once");
+
+    // Without retry_in, the relay's backoff: 2 s after the second attempt, jittered over its upper half.
+    assert!(answer(&mut db, &format!("outbox_nack('jobs', {id}, 2, 'timeout')")));
+    let delay = due_in(&mut db);
+    assert!((0.9..=2.0).contains(&delay), "second attempt backs off 1 to 2 s, not {delay}");
+    assert!(claim(&mut db.client, "jobs", 1, "30 s").is_empty(), "not claimable while backing off");
+    let health: (bool, String) = {
+        let row = db.client.query_one("SELECT failing_since IS NOT NULL, last_error FROM outbox_endpoints WHERE name = 'jobs'", &[]).unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(health, (true, "timeout".to_string()));
+
+    db.execute(&format!("UPDATE outbox_deliveries SET available_at = now() WHERE endpoint = 'jobs' AND event_id = {id}"));
+    assert_eq!(claim(&mut db.client, "jobs", 1, "30 s"), vec![(id, 3)]);
+    assert!(answer(&mut db, &format!("outbox_nack('jobs', {id}, 3, E'boom\\nline two')")), "the nack that reaches the cap");
+    assert!(db.value::<bool>(&format!("SELECT dead_at IS NOT NULL FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}")));
+    assert_eq!(db.value::<String>(&format!("SELECT last_error FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}")), "boom line two");
+    assert_eq!(db.value::<i64>("SELECT dead FROM outbox_stats()"), 1);
+    assert!(claim(&mut db.client, "jobs", 1, "30 s").is_empty(), "a dead job is not claimed");
+    assert!(!answer(&mut db, &format!("outbox_ack('jobs', {id}, 3)")), "nor acked");
+
+    assert_eq!(db.value::<i32>(&format!("SELECT outbox_requeue({id}, 'jobs')")), 1);
+    assert_eq!(claim(&mut db.client, "jobs", 1, "30 s"), vec![(id, 1)], "requeue starts the attempts afresh");
+}
+
+#[test]
+fn claims_skip_what_others_hold_never_take_a_future_deliver_at_and_stop_while_disabled() {
+    let mut db = db();
+    pull_endpoint(&mut db, "jobs", "{*}", "");
+    let later: i64 = db.value("SELECT outbox_enqueue('job', '{}', deliver_at => now() + interval '1 hour')");
+    let ids: BTreeSet<i64> = (0..200).map(|_| db.enqueue("job", "{}")).collect();
+
+    // Two consumers claim at the same time until nothing is left: each job goes to one of them.
+    let consumers: Vec<_> = (0..2)
+        .map(|_| {
+            let mut client = db.connect("pgrx_tests", "postgres");
+            std::thread::spawn(move || {
+                let mut mine = Vec::new();
+                loop {
+                    let batch = claim(&mut client, "jobs", 7, "30 s");
+                    if batch.is_empty() {
+                        return mine;
+                    }
+                    mine.extend(batch.into_iter().map(|(id, _)| id));
+                }
+            })
+        })
+        .collect();
+    let taken: Vec<Vec<i64>> = consumers.into_iter().map(|c| c.join().expect("consumer")).collect();
+    let all: BTreeSet<i64> = taken.iter().flatten().copied().collect();
+    assert_eq!(taken.iter().map(Vec::len).sum::<usize>(), all.len(), "no job was claimed twice");
+    assert_eq!(all, ids, "every due job was claimed, the scheduled one was not");
+    assert!(!all.contains(&later));
+    assert_eq!(db.value::<i64>("SELECT waiting FROM outbox_endpoint_stats() WHERE endpoint = 'jobs'"), 201);
+
+    db.execute(&format!("UPDATE outbox_deliveries SET available_at = now() WHERE endpoint = 'jobs' AND event_id = {later}"));
+    db.execute("SELECT outbox_endpoint_disable('jobs')");
+    assert!(claim(&mut db.client, "jobs", 10, "30 s").is_empty(), "a disabled endpoint gives nothing");
+    db.execute("SELECT outbox_endpoint_enable('jobs')");
+    assert_eq!(claim(&mut db.client, "jobs", 10, "30 s"), vec![(later, 1)]);
+}
+
+#[test]
+fn bad_pull_calls_are_class_22_errors() {
+    let mut db = db();
+    pull_endpoint(&mut db, "jobs", "{*}", "");
+    for (sql, message) in [
+        ("SELECT * FROM outbox_claim('default')", "is a webhook endpoint"),
+        ("SELECT * FROM outbox_claim('missing')", "does not exist"),
+        ("SELECT * FROM outbox_claim('jobs', 0)", "max_events must be"),
+        ("SELECT * FROM outbox_claim('jobs', 10, '0 s')", "lease must be positive"),
+        ("SELECT * FROM outbox_claim('jobs', 10, '2 days')", "at most 1 day"),
+        ("SELECT outbox_ack('default', 1, 1)", "is a webhook endpoint"),
+        ("SELECT outbox_nack('missing', 1, 1, 'e')", "does not exist"),
+        ("SELECT outbox_nack('jobs', 1, 1, 'e', '-1 s')", "must not be negative"),
+        ("SELECT outbox_extend('jobs', 1, 1, NULL)", "lease must be positive"),
+        ("SELECT outbox_endpoint_set('p', 'http://127.0.0.1/', kind => 'pull')", "has no url"),
+        ("SELECT outbox_endpoint_set('p', NULL, kind => 'pull', timeout => '1 s')", "are for webhook requests"),
+        ("SELECT outbox_endpoint_set('p', 'http://127.0.0.1/', notify => true)", "only a pull endpoint notifies"),
+        ("SELECT outbox_endpoint_set(repeat('p', 57), NULL, kind => 'pull', notify => true)", "at most 56 bytes"),
+    ] {
+        let error = db.client.batch_execute(sql).expect_err(sql);
+        let error = error.as_db_error().unwrap_or_else(|| panic!("{sql}: {error}"));
+        assert_eq!(error.code().code(), "22023", "{sql}: {}", error.message());
+        assert!(error.message().contains(message), "{sql}: {:?} should say {message:?}", error.message());
+    }
+}
+
+#[test]
+fn an_endpoint_that_notifies_wakes_its_listeners_at_commit_and_not_on_rollback() {
+    let mut db = db();
+    pull_endpoint(&mut db, "loud", "{*}", ", notify => true");
+    pull_endpoint(&mut db, "quiet", "{*}", "");
+    let mut listener = db.connect("pgrx_tests", "postgres");
+    listener.batch_execute("LISTEN \"outbox.loud\"; LISTEN \"outbox.quiet\"").unwrap();
+    let mut next = |timeout: Duration| -> Option<String> {
+        listener.notifications().timeout_iter(timeout).next().unwrap().map(|n| n.channel().to_string())
+    };
+
+    let mut tx = db.client.transaction().unwrap();
+    tx.execute("SELECT outbox_enqueue('job', '{}')", &[]).unwrap();
+    tx.execute("SELECT outbox_enqueue('job', '{}')", &[]).unwrap();
+    tx.rollback().unwrap();
+    let mut tx = db.client.transaction().unwrap();
+    tx.execute("SELECT outbox_enqueue('job', '{}')", &[]).unwrap();
+    tx.execute("SELECT outbox_enqueue('job', '{}')", &[]).unwrap();
+    tx.commit().unwrap();
+
+    // Notifications come in commit order: had the rolled-back transaction notified, or did
+    // quiet notify, it would come before or with this one.
+    assert_eq!(next(Duration::from_secs(10)).as_deref(), Some("outbox.loud"));
+    assert_eq!(next(Duration::ZERO), None, "one notification per transaction, none for quiet or the rollback");
+}
