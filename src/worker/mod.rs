@@ -166,7 +166,8 @@ impl Relay {
             if registry::leaving_database() {
                 // Acknowledgements already received are written first (the command waits up to
                 // 5 s for the workers); requests still in flight come back by their lease.
-                let _ = self.record_finished(queries);
+                let finished = self.sender.take_finished();
+                let _ = self.record_finished(queries, finished);
                 log!("outbox_ext relay {}: leaving database \"{}\", which is being dropped or renamed", self.number, settings::database());
                 return Stop::LeavingDatabase;
             }
@@ -179,9 +180,10 @@ impl Relay {
                 self.reload();
                 timers.after_reload();
             }
-            if let Err(stop) = self.record_finished(queries) {
-                return stop;
-            }
+            // Outcomes are collected first (freeing their request slots) but written after the
+            // claim: a commit's fresh event is sent before the transactions that record what
+            // finished, which under a failing endpoint are most of the worker's time.
+            let finished = self.sender.take_finished();
             if timers.claim_due && (self.can_claim() || timers.endpoints_stale) {
                 let read_endpoints = std::mem::take(&mut timers.endpoints_stale);
                 match self.claim_and_send(queries, read_endpoints) {
@@ -190,6 +192,9 @@ impl Relay {
                     Ok(None) => {}
                     Err(stop) => return stop,
                 }
+            }
+            if let Err(stop) = self.record_finished(queries, finished) {
+                return stop;
             }
             if reloaded {
                 // Published after the first claim under the new settings: from here on, only a
@@ -287,10 +292,9 @@ impl Relay {
         Ok(())
     }
 
-    /// Records every attempt that finished: acknowledgements first, in a transaction of their
+    /// Records the attempts that finished: acknowledgements first, in a transaction of their
     /// own (kept and retried if it fails), then failures (left to their lease if that fails).
-    fn record_finished(&mut self, queries: &Queries) -> Result<(), Stop> {
-        let finished = self.sender.take_finished();
+    fn record_finished(&mut self, queries: &Queries, finished: Vec<Attempt>) -> Result<(), Stop> {
         let (delivered, failed): (Vec<&Attempt>, Vec<&Attempt>) =
             finished.iter().partition(|a| a.outcome == Outcome::Delivered);
         self.slot.delivered.fetch_add(delivered.len() as i64, Ordering::Relaxed);
@@ -361,7 +365,8 @@ impl Relay {
         let deadline = Instant::now() + SHUTDOWN_GRACE;
         while (self.sender.in_flight() > 0 || !self.unrecorded_acks.is_empty()) && Instant::now() < deadline {
             wake::wait(Some(self.sender.doorbell().fd()), deadline.saturating_duration_since(Instant::now()).min(ACK_RETRY));
-            if self.record_finished(queries).is_err() {
+            let finished = self.sender.take_finished();
+            if self.record_finished(queries, finished).is_err() {
                 return;
             }
         }
