@@ -3,11 +3,13 @@
 # extra Debian packages can be named as arguments. Idempotent: each step checks before it acts,
 # so a second run takes seconds.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 PG_MAJOR=15
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
-APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config libssl-dev sudo "$@")
+APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config libssl-dev sudo
+              libpostgresql-jdbc-java openjdk-17-jdk-headless "$@")
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -36,4 +38,16 @@ fi
 if ! python3 -c 'import standardwebhooks' 2>/dev/null; then
   echo "setup: installing the Python package standardwebhooks"
   python3 -m pip install --quiet standardwebhooks
+fi
+
+# The pull-consumer clients (clients/): psycopg 3 for Python (it uses the system libpq), the
+# pg package for Node (the versions clients/node/package-lock.json pins), PostgreSQL's JDBC
+# driver for Java (a Debian package, above).
+if ! python3 -c 'import psycopg' 2>/dev/null; then
+  echo "setup: installing the Python package psycopg"
+  python3 -m pip install --quiet 'psycopg>=3.2,<4'
+fi
+if ! cmp -s clients/node/package-lock.json clients/node/node_modules/.installed-lock.json; then
+  echo "setup: installing the Node client's packages"
+  (cd clients/node && npm ci --silent --no-audit --no-fund && cp package-lock.json node_modules/.installed-lock.json)
 fi

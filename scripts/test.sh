@@ -24,6 +24,9 @@ RUST_TEST_THREADS=1 cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGDATA_DIR" "$
 # The fault-injection suite: crashes, restarts, shutdowns and receiver failures under load.
 faults/run.sh
 
+# The pull-consumer clients in Python, Node and Java, through the same scenarios.
+clients/test.sh
+
 # The update scripts ship as assembled (cargo pgrx install copies them from sql/): the
 # committed ones must be what their sources give, which the tests above just ran.
 if ! git diff --quiet -- 'sql/outbox_ext--*--*.sql'; then

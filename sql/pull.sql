@@ -11,7 +11,9 @@
 
 -- Claims up to max_events due deliveries of a pull endpoint for lease, oldest first, in one
 -- statement (call it in autocommit: the lease starts at the transaction's start). Rows other
--- claimers hold are skipped, not waited for; a disabled endpoint gives nothing.
+-- claimers hold are skipped, not waited for; a disabled endpoint gives nothing. A delivery
+-- whose last allowed attempt ran out of lease with no ack or nack (its consumer died or
+-- stalled on it every time) is made dead instead of being claimed again forever.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_claim(endpoint text, max_events integer DEFAULT 10, lease interval DEFAULT '30 seconds')
 RETURNS TABLE (event_id bigint, topic text, payload jsonb, key text, attempt integer, created_at timestamptz)
 LANGUAGE plpgsql
@@ -19,33 +21,49 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    target @extschema@.outbox_endpoints := @extschema@.outbox_pull_endpoint(outbox_claim.endpoint, 'outbox_claim');
+    cap integer := coalesce(target.max_attempts, nullif(current_setting('outbox.max_attempts', true), '')::integer, 10);
+    due tid[];
+    expired bigint;
 BEGIN
-    IF NOT @extschema@.outbox_pull_endpoint_ready(outbox_claim.endpoint, 'outbox_claim') THEN
-        RETURN;
-    END IF;
     IF max_events IS NULL OR max_events NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'outbox_claim: max_events must be between 1 and 1000'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@.outbox_check_lease(lease, 'outbox_claim');
+    IF target.disabled_at IS NOT NULL THEN
+        RETURN;
+    END IF;
+    -- The due deliveries, locked for this transaction, by their addresses (a TID scan below:
+    -- the planner cannot know how few they are), as sql/claim_batch.sql does.
+    due := ARRAY(SELECT d.ctid
+                   FROM @extschema@.outbox_deliveries AS d
+                  WHERE d.endpoint = outbox_claim.endpoint
+                    AND d.sent_at IS NULL
+                    AND d.dead_at IS NULL
+                    AND d.available_at <= now()
+                  ORDER BY d.available_at, d.event_id
+                  LIMIT max_events
+                    FOR UPDATE SKIP LOCKED);
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET dead_at = now(), claimed_by = NULL,
+           last_error = 'the lease of attempt ' || d.attempts || ' ran out with no ack or nack'
+     WHERE d.ctid = ANY (due)
+       AND d.attempts >= cap;
+    GET DIAGNOSTICS expired = ROW_COUNT;
+    IF expired > 0 THEN
+        RAISE WARNING 'outbox_ext: % deliveries of endpoint % are dead: the lease of their last attempt ran out with no ack or nack',
+              expired, outbox_claim.endpoint;
+    END IF;
     RETURN QUERY
-    WITH claimable AS (
-        SELECT d.ctid AS row_id
-          FROM @extschema@.outbox_deliveries AS d
-         WHERE d.endpoint = outbox_claim.endpoint
-           AND d.sent_at IS NULL
-           AND d.dead_at IS NULL
-           AND d.available_at <= now()
-         ORDER BY d.available_at, d.event_id
-         LIMIT max_events
-           FOR UPDATE SKIP LOCKED
-    ), claimed AS (
-        -- By the rows' addresses, as sql/claim_batch.sql does, for the same reason.
+    WITH claimed AS (
         UPDATE @extschema@.outbox_deliveries AS d
            SET attempts     = d.attempts + 1,
                available_at = now() + outbox_claim.lease,
                claimed_by   = pg_backend_pid()
-         WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable))
+         WHERE d.ctid = ANY (due)
+           AND d.attempts < cap
         RETURNING d.event_id, d.attempts
     )
     SELECT c.event_id, o.topic, o.payload, o.key, c.attempts, o.created_at
@@ -75,7 +93,7 @@ BEGIN
        AND d.dead_at IS NULL
        AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull');
     IF NOT FOUND THEN
-        PERFORM @extschema@.outbox_pull_endpoint_ready(outbox_ack.endpoint, 'outbox_ack');
+        PERFORM @extschema@.outbox_pull_endpoint(outbox_ack.endpoint, 'outbox_ack');
         RETURN EXISTS (SELECT FROM @extschema@.outbox_deliveries AS d
                         WHERE d.endpoint = outbox_ack.endpoint
                           AND d.event_id = outbox_ack.event_id
@@ -139,7 +157,7 @@ BEGIN
        AND d.dead_at IS NULL
     RETURNING d.dead_at IS NOT NULL INTO went_dead;
     IF NOT FOUND THEN
-        PERFORM @extschema@.outbox_pull_endpoint_ready(outbox_nack.endpoint, 'outbox_nack');
+        PERFORM @extschema@.outbox_pull_endpoint(outbox_nack.endpoint, 'outbox_nack');
         RETURN false;
     END IF;
     UPDATE @extschema@.outbox_endpoints AS e
@@ -176,17 +194,17 @@ BEGIN
        AND d.dead_at IS NULL
        AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull');
     IF NOT FOUND THEN
-        PERFORM @extschema@.outbox_pull_endpoint_ready(outbox_extend.endpoint, 'outbox_extend');
+        PERFORM @extschema@.outbox_pull_endpoint(outbox_extend.endpoint, 'outbox_extend');
         RETURN false;
     END IF;
     RETURN true;
 END
 $$;
 
--- Whether a pull endpoint can be claimed from now (false: it is disabled); a class-22 error
--- naming the caller when there is no such pull endpoint.
-CREATE OR REPLACE FUNCTION @extschema@.outbox_pull_endpoint_ready(endpoint text, caller text)
-RETURNS boolean
+-- The pull endpoint's row; a class-22 error naming the caller when there is no such pull
+-- endpoint.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_pull_endpoint(endpoint text, caller text)
+RETURNS @extschema@.outbox_endpoints
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
@@ -195,7 +213,7 @@ AS $$
 DECLARE
     target @extschema@.outbox_endpoints;
 BEGIN
-    SELECT * INTO target FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_pull_endpoint_ready.endpoint;
+    SELECT * INTO target FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_pull_endpoint.endpoint;
     IF NOT FOUND THEN
         RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(endpoint)
               USING ERRCODE = 'invalid_parameter_value';
@@ -205,7 +223,7 @@ BEGIN
               USING ERRCODE = 'invalid_parameter_value',
                     HINT = 'Create a pull endpoint with outbox_endpoint_set(name, NULL, topics, kind => ''pull'').';
     END IF;
-    RETURN target.disabled_at IS NULL;
+    RETURN target;
 END
 $$;
 
@@ -228,5 +246,5 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_claim(text, integer, interval) FROM PU
 REVOKE ALL ON FUNCTION @extschema@.outbox_ack(text, bigint, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_nack(text, bigint, integer, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, integer, interval) FROM PUBLIC;
-REVOKE ALL ON FUNCTION @extschema@.outbox_pull_endpoint_ready(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_pull_endpoint(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_check_lease(interval, text) FROM PUBLIC;

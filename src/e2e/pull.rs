@@ -236,3 +236,26 @@ fn an_endpoint_that_notifies_wakes_its_listeners_at_commit_and_not_on_rollback()
     assert_eq!(next(Duration::from_secs(10)).as_deref(), Some("outbox.loud"));
     assert_eq!(next(Duration::ZERO), None, "one notification per transaction, none for quiet or the rollback");
 }
+
+#[test]
+fn a_job_whose_last_lease_runs_out_unanswered_is_dead_instead_of_claimed_forever() {
+    let mut db = db();
+    pull_endpoint(&mut db, "jobs", "{*}", ", max_attempts => 2");
+    let id = db.enqueue("job", "{}");
+    // A consumer that dies on this job every time: it claims, then never acks nor nacks.
+    for attempt in 1..=2 {
+        let mut claimed = Vec::new();
+        wait_until("the lease runs out and the job is claimed again", Duration::from_secs(10), || {
+            claimed = claim(&mut db.client, "jobs", 1, "100 ms");
+            !claimed.is_empty()
+        });
+        assert_eq!(claimed, vec![(id, attempt)]);
+    }
+    wait_until("the last lease runs out and a claim finds the job", Duration::from_secs(10), || {
+        assert!(claim(&mut db.client, "jobs", 1, "100 ms").is_empty(), "claimed past the cap");
+        db.value::<bool>(&format!("SELECT dead_at IS NOT NULL FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}"))
+    });
+    let error: String = db.value(&format!("SELECT last_error FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}"));
+    assert_eq!(error, "the lease of attempt 2 ran out with no ack or nack");
+}
+

@@ -185,7 +185,7 @@ fn the_consumer_recipe_claims_acks_and_records_processed_events_and_nothing_else
         "UPDATE outbox_deliveries SET sent_at = now()",
         "SELECT * FROM outbox_stats()",
         "SELECT outbox_requeue(1)",
-        "SELECT outbox_pull_endpoint_ready('jobs', 'x')",
+        "SELECT outbox_pull_endpoint('jobs', 'x')",
     ] {
         refused(&mut db, "consumer", sql);
     }
