@@ -693,7 +693,7 @@ DECLARE
     target @extschema@.outbox_endpoints := @extschema@.outbox_pull_endpoint(outbox_claim.endpoint, 'outbox_claim');
     cap integer := coalesce(target.max_attempts, nullif(current_setting('outbox.max_attempts', true), '')::integer, 10);
     due tid[];
-    expired bigint;
+    at_cap integer;
 BEGIN
     IF max_events IS NULL OR max_events NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'outbox_claim: max_events must be between 1 and 1000'
@@ -705,24 +705,25 @@ BEGIN
     END IF;
     -- The due deliveries, locked for this transaction, by their addresses (a TID scan below:
     -- the planner cannot know how few they are), as sql/claim_batch.sql does.
-    due := ARRAY(SELECT d.ctid
-                   FROM @extschema@.outbox_deliveries AS d
-                  WHERE d.endpoint = outbox_claim.endpoint
-                    AND d.sent_at IS NULL
-                    AND d.dead_at IS NULL
-                    AND d.available_at <= now()
-                  ORDER BY d.available_at, d.event_id
-                  LIMIT max_events
-                    FOR UPDATE SKIP LOCKED);
-    UPDATE @extschema@.outbox_deliveries AS d
-       SET dead_at = now(), claimed_by = NULL,
-           last_error = 'the lease of attempt ' || d.attempts || ' ran out with no ack or nack'
-     WHERE d.ctid = ANY (due)
-       AND d.attempts >= cap;
-    GET DIAGNOSTICS expired = ROW_COUNT;
-    IF expired > 0 THEN
+    SELECT array_agg(c.ctid), count(*) FILTER (WHERE c.attempts >= cap)
+      INTO due, at_cap
+      FROM (SELECT d.ctid, d.attempts
+              FROM @extschema@.outbox_deliveries AS d
+             WHERE d.endpoint = outbox_claim.endpoint
+               AND d.sent_at IS NULL
+               AND d.dead_at IS NULL
+               AND d.available_at <= now()
+             ORDER BY d.available_at, d.event_id
+             LIMIT max_events
+               FOR UPDATE SKIP LOCKED) AS c;
+    IF at_cap > 0 THEN
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET dead_at = now(), claimed_by = NULL,
+               last_error = 'the lease of attempt ' || d.attempts || ' ran out with no ack or nack'
+         WHERE d.ctid = ANY (due)
+           AND d.attempts >= cap;
         RAISE WARNING 'outbox_ext: % deliveries of endpoint % are dead: the lease of their last attempt ran out with no ack or nack',
-              expired, outbox_claim.endpoint;
+              at_cap, outbox_claim.endpoint;
     END IF;
     RETURN QUERY
     WITH claimed AS (
@@ -741,9 +742,53 @@ BEGIN
 END
 $$;
 
--- Marks a claimed delivery sent. True if this attempt is the current claim (or already sent
--- the delivery: a repeated ack is answered as the first was); false, changing nothing, if the
--- delivery was claimed again, nacked, requeued or dropped since.
+-- Marks claimed deliveries sent, each named by its event id and the attempt its claim returned
+-- (event_ids and attempts pairwise): a consumer that handled a batch acks it in one call.
+-- Returns the ids whose attempt is the current claim, or already sent the delivery (a
+-- repeated ack is answered as the first was); the others were claimed again, nacked,
+-- requeued or dropped since, and nothing of them changes.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_ack_batch(endpoint text, event_ids bigint[], attempts integer[])
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    acked bigint;
+BEGIN
+    WITH sent AS (
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET sent_at = now(), claimed_by = NULL
+          FROM unnest(outbox_ack_batch.event_ids, outbox_ack_batch.attempts) AS a (event_id, attempt)
+         WHERE d.endpoint = outbox_ack_batch.endpoint
+           AND d.event_id = a.event_id
+           AND d.attempts = a.attempt
+           AND d.claimed_by IS NOT NULL
+           AND d.sent_at IS NULL
+           AND d.dead_at IS NULL
+           AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull')
+        RETURNING 1
+    )
+    SELECT count(*) INTO acked FROM sent;
+    IF acked > 0 THEN
+        PERFORM @extschema@.outbox_note_acked(outbox_ack_batch.endpoint, acked);
+    END IF;
+    IF acked = cardinality(outbox_ack_batch.event_ids) THEN
+        RETURN QUERY SELECT unnest(outbox_ack_batch.event_ids);
+        RETURN;
+    END IF;
+    PERFORM @extschema@.outbox_pull_endpoint(outbox_ack_batch.endpoint, 'outbox_ack_batch');
+    RETURN QUERY
+    SELECT DISTINCT d.event_id
+      FROM unnest(outbox_ack_batch.event_ids, outbox_ack_batch.attempts) AS a (event_id, attempt)
+      JOIN @extschema@.outbox_deliveries AS d
+        ON d.endpoint = outbox_ack_batch.endpoint AND d.event_id = a.event_id AND d.attempts = a.attempt
+     WHERE d.sent_at IS NOT NULL;
+END
+$$;
+
+-- The same for one delivery: true if its attempt is the current claim (or sent the delivery).
+-- Written out rather than through outbox_ack_batch: it is the call every job makes.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_ack(endpoint text, event_id bigint, attempt integer)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -760,29 +805,40 @@ BEGIN
        AND d.sent_at IS NULL
        AND d.dead_at IS NULL
        AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull');
-    IF NOT FOUND THEN
-        PERFORM @extschema@.outbox_pull_endpoint(outbox_ack.endpoint, 'outbox_ack');
-        RETURN EXISTS (SELECT FROM @extschema@.outbox_deliveries AS d
-                        WHERE d.endpoint = outbox_ack.endpoint
-                          AND d.event_id = outbox_ack.event_id
-                          AND d.attempts = outbox_ack.attempt
-                          AND d.sent_at IS NOT NULL);
+    IF FOUND THEN
+        PERFORM @extschema@.outbox_note_acked(outbox_ack.endpoint, 1);
+        RETURN true;
     END IF;
-    -- Counted for outbox_stats().sent in this session's shard; the endpoint's success noted
-    -- at most once a second, skipping its row if someone else is changing it right now.
+    PERFORM @extschema@.outbox_pull_endpoint(outbox_ack.endpoint, 'outbox_ack');
+    RETURN EXISTS (SELECT FROM @extschema@.outbox_deliveries AS d
+                    WHERE d.endpoint = outbox_ack.endpoint
+                      AND d.event_id = outbox_ack.event_id
+                      AND d.attempts = outbox_ack.attempt
+                      AND d.sent_at IS NOT NULL);
+END
+$$;
+
+-- Acknowledged deliveries of an endpoint, counted for outbox_stats().sent in this session's
+-- shard, and the endpoint's success noted at most once a second, skipping its row if someone
+-- else is changing it right now. For the functions above only: it runs under their pinned
+-- search_path and their owner's rights.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_note_acked(endpoint text, acked bigint)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
     INSERT INTO @extschema@.outbox_delivery_counts AS n (endpoint, shard, sent)
-    VALUES (outbox_ack.endpoint, pg_backend_pid() % 16, 1)
-    ON CONFLICT ON CONSTRAINT outbox_delivery_counts_pkey DO UPDATE SET sent = n.sent + 1;
+    VALUES (outbox_note_acked.endpoint, pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.%) 16, acked)
+    ON CONFLICT ON CONSTRAINT outbox_delivery_counts_pkey DO UPDATE SET sent = n.sent OPERATOR(pg_catalog.+) excluded.sent;
     UPDATE @extschema@.outbox_endpoints AS e
-       SET last_success_at = now(), failing_since = NULL
+       SET last_success_at = pg_catalog.now(), failing_since = NULL
      WHERE e.name IN (SELECT h.name
                         FROM @extschema@.outbox_endpoints AS h
-                       WHERE h.name = outbox_ack.endpoint
+                       WHERE h.name OPERATOR(pg_catalog.=) outbox_note_acked.endpoint
                          AND (h.failing_since IS NOT NULL
                               OR h.last_success_at IS NULL
-                              OR h.last_success_at < now() - interval '1 second')
+                              OR h.last_success_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '1 second'))
                          FOR NO KEY UPDATE SKIP LOCKED);
-    RETURN true;
 END
 $$;
 
@@ -870,24 +926,22 @@ END
 $$;
 
 -- The pull endpoint's row; a class-22 error naming the caller when there is no such pull
--- endpoint.
+-- endpoint. For the functions above only, like outbox_note_acked.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_pull_endpoint(endpoint text, caller text)
 RETURNS @extschema@.outbox_endpoints
 LANGUAGE plpgsql
 STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     target @extschema@.outbox_endpoints;
 BEGIN
-    SELECT * INTO target FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_pull_endpoint.endpoint;
+    SELECT * INTO target FROM @extschema@.outbox_endpoints AS e WHERE e.name OPERATOR(pg_catalog.=) outbox_pull_endpoint.endpoint;
     IF NOT FOUND THEN
-        RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(endpoint)
+        RAISE EXCEPTION '%: endpoint % does not exist', caller, pg_catalog.quote_nullable(endpoint)
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF target.kind <> 'pull' THEN
-        RAISE EXCEPTION '%: endpoint % is a % endpoint; the relay workers deliver its events', caller, quote_literal(endpoint), target.kind
+    IF target.kind OPERATOR(pg_catalog.<>) 'pull' THEN
+        RAISE EXCEPTION '%: endpoint % is a % endpoint; the relay workers deliver its events', caller, pg_catalog.quote_literal(endpoint), target.kind
               USING ERRCODE = 'invalid_parameter_value',
                     HINT = 'Create a pull endpoint with outbox_endpoint_set(name, NULL, topics, kind => ''pull'').';
     END IF;
@@ -895,15 +949,15 @@ BEGIN
 END
 $$;
 
--- A lease is positive and at most a day: a consumer that needs longer extends it.
+-- A lease is positive and at most a day: a consumer that needs longer extends it. For the
+-- functions above only, like outbox_note_acked.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_check_lease(lease interval, caller text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF lease IS NULL OR lease <= interval '0' OR lease > interval '1 day' THEN
+    IF lease IS NULL OR lease OPERATOR(pg_catalog.<=) interval '0' OR lease OPERATOR(pg_catalog.>) interval '1 day' THEN
         RAISE EXCEPTION '%: lease must be positive and at most 1 day', caller
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -911,8 +965,10 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_claim(text, integer, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_ack_batch(text, bigint[], integer[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_ack(text, bigint, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_nack(text, bigint, integer, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, integer, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_pull_endpoint(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_note_acked(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_check_lease(interval, text) FROM PUBLIC;

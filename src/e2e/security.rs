@@ -162,7 +162,7 @@ fn the_consumer_recipe_claims_acks_and_records_processed_events_and_nothing_else
     let mut db = db();
     db.fresh_role("consumer");
     db.execute(
-        "GRANT EXECUTE ON FUNCTION outbox_claim(text, integer, interval), outbox_ack(text, bigint, integer),
+        "GRANT EXECUTE ON FUNCTION outbox_claim(text, integer, interval), outbox_ack(text, bigint, integer), outbox_ack_batch(text, bigint[], integer[]),
                outbox_nack(text, bigint, integer, text, interval), outbox_extend(text, bigint, integer, interval),
                outbox_mark_processed(bigint, text) TO consumer",
     );
