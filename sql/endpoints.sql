@@ -88,6 +88,11 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_set: max_in_flight must be between 1 and 1000'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- default is re-created as a webhook by a restore (it is left out of dumps).
+    IF kind = 'pull' AND name = 'default' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: default is the webhook endpoint of outbox.webhook_url; give a pull endpoint a name of its own'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF kind = 'pull' AND (headers <> '{}' OR timeout IS NOT NULL OR max_in_flight IS NOT NULL) THEN
         RAISE EXCEPTION 'outbox_endpoint_set: headers, timeout and max_in_flight are for webhook requests; a pull endpoint''s consumers choose their lease and batch in outbox_claim'
               USING ERRCODE = 'invalid_parameter_value';

@@ -492,6 +492,11 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_set: max_in_flight must be between 1 and 1000'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- default is re-created as a webhook by a restore (it is left out of dumps).
+    IF kind = 'pull' AND name = 'default' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: default is the webhook endpoint of outbox.webhook_url; give a pull endpoint a name of its own'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF kind = 'pull' AND (headers <> '{}' OR timeout IS NOT NULL OR max_in_flight IS NOT NULL) THEN
         RAISE EXCEPTION 'outbox_endpoint_set: headers, timeout and max_in_flight are for webhook requests; a pull endpoint''s consumers choose their lease and batch in outbox_claim'
               USING ERRCODE = 'invalid_parameter_value';
@@ -677,8 +682,8 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_drop(text) FROM PUBLIC;
 -- Like the rest of the API, each function runs as the extension's owner with search_path
 -- pinned to pg_catalog (see sql/api.sql); bad arguments raise SQLSTATE 22023.
 
--- Claims up to max_events due deliveries of a pull endpoint for lease, oldest first, in one
--- statement (call it in autocommit: the lease starts at the transaction's start). Rows other
+-- Claims up to max_events due deliveries of a pull endpoint for lease (from now, whatever the
+-- transaction's age), oldest first, in one statement: call it in autocommit. Rows other
 -- claimers hold are skipped, not waited for; a disabled endpoint gives nothing. A delivery
 -- whose last allowed attempt ran out of lease with no ack or nack (its consumer died or
 -- stalled on it every time) is made dead instead of being claimed again forever.
@@ -717,19 +722,21 @@ BEGIN
              LIMIT max_events
                FOR UPDATE SKIP LOCKED) AS c;
     IF at_cap > 0 THEN
+        -- (One that was nacked and waits keeps its error: the endpoint's cap was lowered since.)
         UPDATE @extschema@.outbox_deliveries AS d
            SET dead_at = now(), claimed_by = NULL,
-               last_error = 'the lease of attempt ' || d.attempts || ' ran out with no ack or nack'
+               last_error = CASE WHEN d.claimed_by IS NULL THEN d.last_error
+                                 ELSE 'the lease of attempt ' || d.attempts || ' ran out with no ack or nack' END
          WHERE d.ctid = ANY (due)
            AND d.attempts >= cap;
-        RAISE WARNING 'outbox_ext: % deliveries of endpoint % are dead: the lease of their last attempt ran out with no ack or nack',
-              at_cap, outbox_claim.endpoint;
+        RAISE WARNING 'outbox_ext: % deliveries of endpoint % are dead: they had used all % attempts',
+              at_cap, outbox_claim.endpoint, cap;
     END IF;
     RETURN QUERY
     WITH claimed AS (
         UPDATE @extschema@.outbox_deliveries AS d
            SET attempts     = d.attempts + 1,
-               available_at = now() + outbox_claim.lease,
+               available_at = clock_timestamp() + outbox_claim.lease,
                claimed_by   = pg_backend_pid()
          WHERE d.ctid = ANY (due)
            AND d.attempts < cap
@@ -756,6 +763,10 @@ AS $$
 DECLARE
     acked bigint;
 BEGIN
+    IF event_ids IS NULL OR attempts IS NULL OR cardinality(event_ids) <> cardinality(attempts) THEN
+        RAISE EXCEPTION 'outbox_ack_batch: event_ids and attempts must be arrays of the same length'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     WITH sent AS (
         UPDATE @extschema@.outbox_deliveries AS d
            SET sent_at = now(), claimed_by = NULL
@@ -773,7 +784,7 @@ BEGIN
     IF acked > 0 THEN
         PERFORM @extschema@.outbox_note_acked(outbox_ack_batch.endpoint, acked);
     END IF;
-    IF acked = cardinality(outbox_ack_batch.event_ids) THEN
+    IF acked > 0 AND acked = cardinality(outbox_ack_batch.event_ids) THEN
         RETURN QUERY SELECT unnest(outbox_ack_batch.event_ids);
         RETURN;
     END IF;
@@ -856,13 +867,13 @@ DECLARE
     went_dead boolean;
     reason text := left(regexp_replace(coalesce(error, 'nacked without an error'), '[[:cntrl:]]+', ' ', 'g'), 1024);
 BEGIN
-    IF retry_in < interval '0' THEN
-        RAISE EXCEPTION 'outbox_nack: retry_in must not be negative (null: the backoff)'
+    IF retry_in < interval '0' OR retry_in > interval '1 day' THEN
+        RAISE EXCEPTION 'outbox_nack: retry_in must be between 0 and 1 day (null: the backoff)'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE @extschema@.outbox_deliveries AS d
        SET last_error   = reason,
-           available_at = now() + coalesce(retry_in,
+           available_at = clock_timestamp() + coalesce(retry_in,
                               least(interval '1 second' * 2 ^ least(greatest(d.attempts - 1, 0), 12), interval '1 hour')
                               * (0.5 + 0.5 * random())),
            claimed_by   = NULL,
@@ -898,8 +909,10 @@ BEGIN
 END
 $$;
 
--- Pushes the lease of the current claim to lease from now, for a job that runs long. False,
--- changing nothing, when the attempt is not the current claim.
+-- Pushes the lease of the current claim to lease from now (the clock, not the transaction's
+-- start), for a job that runs long. Called in the job's transaction, it takes effect when that
+-- commits; from another session, at once. False, changing nothing, when the attempt is not
+-- the current claim.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_extend(endpoint text, event_id bigint, attempt integer, lease interval)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -909,7 +922,7 @@ AS $$
 BEGIN
     PERFORM @extschema@.outbox_check_lease(lease, 'outbox_extend');
     UPDATE @extschema@.outbox_deliveries AS d
-       SET available_at = now() + outbox_extend.lease
+       SET available_at = clock_timestamp() + outbox_extend.lease
      WHERE d.endpoint = outbox_extend.endpoint
        AND d.event_id = outbox_extend.event_id
        AND d.attempts = outbox_extend.attempt

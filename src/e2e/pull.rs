@@ -202,7 +202,11 @@ fn bad_pull_calls_are_class_22_errors() {
         ("SELECT * FROM outbox_claim('jobs', 10, '2 days')", "at most 1 day"),
         ("SELECT outbox_ack('default', 1, 1)", "is a webhook endpoint"),
         ("SELECT outbox_nack('missing', 1, 1, 'e')", "does not exist"),
-        ("SELECT outbox_nack('jobs', 1, 1, 'e', '-1 s')", "must not be negative"),
+        ("SELECT outbox_nack('jobs', 1, 1, 'e', '-1 s')", "between 0 and 1 day"),
+        ("SELECT outbox_nack('jobs', 1, 1, 'e', '100 years')", "between 0 and 1 day"),
+        ("SELECT outbox_ack_batch('jobs', ARRAY[1, 2], ARRAY[1])", "same length"),
+        ("SELECT outbox_ack_batch('missing', '{}', '{}')", "does not exist"),
+        ("SELECT outbox_endpoint_set('default', NULL, kind => 'pull')", "a name of its own"),
         ("SELECT outbox_extend('jobs', 1, 1, NULL)", "lease must be positive"),
         ("SELECT outbox_endpoint_set('p', 'http://127.0.0.1/', kind => 'pull')", "has no url"),
         ("SELECT outbox_endpoint_set('p', NULL, kind => 'pull', timeout => '1 s')", "are for webhook requests"),
@@ -262,5 +266,23 @@ fn a_job_whose_last_lease_runs_out_unanswered_is_dead_instead_of_claimed_forever
     });
     let error: String = db.value(&format!("SELECT last_error FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}"));
     assert_eq!(error, "the lease of attempt 2 ran out with no ack or nack");
+}
+
+#[test]
+fn a_claim_skips_rows_another_transaction_holds_instead_of_waiting_for_them() {
+    let mut db = db();
+    pull_endpoint(&mut db, "jobs", "{*}", "");
+    let ids: Vec<i64> = (0..4).map(|_| db.enqueue("job", "{}")).collect();
+    let mut holder = db.connect("pgrx_tests", "postgres");
+    let mut held = holder.transaction().unwrap();
+    // A consumer that claimed inside a transaction still open: its rows stay locked.
+    let first: Vec<i64> = held.query("SELECT event_id FROM outbox_claim('jobs', 2)", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(first, ids[..2]);
+    db.execute("SET lock_timeout = '200ms'");
+    let second = claim(&mut db.client, "jobs", 4, "30 s");
+    db.execute("RESET lock_timeout");
+    assert_eq!(second, vec![(ids[2], 1), (ids[3], 1)], "the locked rows are skipped, not waited for");
+    held.rollback().unwrap();
+    assert_eq!(claim(&mut db.client, "jobs", 4, "30 s"), vec![(ids[0], 1), (ids[1], 1)], "a rolled-back claim leaves them due");
 }
 
