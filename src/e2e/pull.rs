@@ -286,3 +286,22 @@ fn a_claim_skips_rows_another_transaction_holds_instead_of_waiting_for_them() {
     assert_eq!(claim(&mut db.client, "jobs", 4, "30 s"), vec![(ids[0], 1), (ids[1], 1)], "a rolled-back claim leaves them due");
 }
 
+#[test]
+fn retention_deletes_acked_jobs_and_keeps_dead_and_waiting_ones() {
+    let mut db = db();
+    db.execute("SELECT outbox_endpoint_drop('default')");
+    pull_endpoint(&mut db, "jobs", "{*}", ", max_attempts => 1");
+    let acked = db.enqueue("job", "{}");
+    let dead = db.enqueue("job", "{}");
+    let waiting = db.enqueue("job", "{}");
+    assert_eq!(claim(&mut db.client, "jobs", 2, "30 s"), vec![(acked, 1), (dead, 1)]);
+    assert!(answer(&mut db, &format!("outbox_ack('jobs', {acked}, 1)")));
+    assert!(answer(&mut db, &format!("outbox_nack('jobs', {dead}, 1, 'bad job')")));
+    // As if all three were enqueued and handled two hours ago.
+    db.execute("UPDATE outbox SET created_at = now() - interval '2 hours';
+                UPDATE outbox_deliveries SET sent_at = now() - interval '2 hours' WHERE sent_at IS NOT NULL");
+    db.configure(&[("outbox.retention", "1h")]);
+    wait_until("the acked job is deleted", Duration::from_secs(30), || db.count_events(&format!("id = {acked}")) == 0);
+    assert_eq!(db.count_events(&format!("id IN ({dead}, {waiting})")), 2, "dead and waiting jobs stay");
+}
+
