@@ -799,40 +799,19 @@ END
 $$;
 
 -- The same for one delivery: true if its attempt is the current claim (or sent the delivery).
--- Written out rather than through outbox_ack_batch: it is the call every job makes.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_ack(endpoint text, event_id bigint, attempt integer)
 RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-BEGIN
-    UPDATE @extschema@.outbox_deliveries AS d
-       SET sent_at = now(), claimed_by = NULL
-     WHERE d.endpoint = outbox_ack.endpoint
-       AND d.event_id = outbox_ack.event_id
-       AND d.attempts = outbox_ack.attempt
-       AND d.claimed_by IS NOT NULL
-       AND d.sent_at IS NULL
-       AND d.dead_at IS NULL
-       AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull');
-    IF FOUND THEN
-        PERFORM @extschema@.outbox_note_acked(outbox_ack.endpoint, 1);
-        RETURN true;
-    END IF;
-    PERFORM @extschema@.outbox_pull_endpoint(outbox_ack.endpoint, 'outbox_ack');
-    RETURN EXISTS (SELECT FROM @extschema@.outbox_deliveries AS d
-                    WHERE d.endpoint = outbox_ack.endpoint
-                      AND d.event_id = outbox_ack.event_id
-                      AND d.attempts = outbox_ack.attempt
-                      AND d.sent_at IS NOT NULL);
-END
+    SELECT EXISTS (SELECT FROM @extschema@.outbox_ack_batch(endpoint, ARRAY[event_id], ARRAY[attempt]))
 $$;
 
 -- Acknowledged deliveries of an endpoint, counted for outbox_stats().sent in this session's
 -- shard, and the endpoint's success noted at most once a second, skipping its row if someone
--- else is changing it right now. For the functions above only: it runs under their pinned
--- search_path and their owner's rights.
+-- else is changing it right now. Called by outbox_ack_batch and by the relay workers
+-- (sql/mark_sent.sql), under a pinned search_path and the owner's rights.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_note_acked(endpoint text, acked bigint)
 RETURNS void
 LANGUAGE plpgsql

@@ -38,10 +38,6 @@ const pg = require('pg');
 
 const FIRST_BACKOFF_MS = 100;
 const MAX_BACKOFF_MS = 5000;
-// While a backlog lasts (the last claim came back full), the claimer waits this long for half
-// of the handlers to be free, so that one claim serves several: a claim per job would make the
-// claiming connection the bottleneck.
-const BATCH_WINDOW_MS = 5;
 
 class Worker extends EventEmitter {
   #options;
@@ -116,11 +112,9 @@ class Worker extends EventEmitter {
     const { endpoint, lease, pollMs } = this.#options;
     let backoffMs = FIRST_BACKOFF_MS;
     let ready = false;
-    let backlog = false;
     while (!this.#stopping) {
       // Claim only as many jobs as there are free handlers, so none waits on us with its lease running.
       await this.#waitUntil(() => this.#freeSlots().length > 0);
-      if (backlog) await this.#waitUntil(() => this.#freeSlots().length >= Math.ceil(this.#slots.length / 2), BATCH_WINDOW_MS);
       if (this.#stopping) break;
       try {
         if (!this.#claimer) this.#claimer = await this.#connectClaimer();
@@ -130,7 +124,6 @@ class Worker extends EventEmitter {
           'SELECT event_id, topic, payload, key, attempt, created_at FROM outbox_claim($1, $2, $3::interval)',
           [endpoint, free.length, lease]);
         backoffMs = FIRST_BACKOFF_MS;
-        backlog = rows.length === free.length;
         if (!ready) { ready = true; this.emit('ready'); }
         // Recounted: a handler connection may have dropped while we claimed.
         const slots = this.#freeSlots();

@@ -48,10 +48,6 @@ log = logging.getLogger("outbox_worker")
 # where taking a lock could deadlock) is noticed by polling a plain flag.
 _SLICE = 0.1
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.1, 5.0
-# While a backlog lasts (the last claim came back full), the claimer waits this long for half
-# of the handlers to be idle, so that one claim serves several: a claim per job would make the
-# claiming connection the bottleneck.
-_BATCH_WINDOW = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +120,12 @@ class Worker:
         conn: Optional[psycopg.Connection] = None
         ready_reported = False
         backoff = _BACKOFF_FIRST
-        backlog = False
         while not self._stopping:
             if conn is None:
                 conn = self._connect(listen=True)
                 if conn is None:  # stopped while reconnecting
                     break
-            free = self._wait_for_idle_handler(backlog)
+            free = self._wait_for_idle_handler()
             if free == 0:
                 break
             try:
@@ -157,7 +152,6 @@ class Worker:
                 self._report("ready")
             if rows is None:
                 continue
-            backlog = len(rows) == min(free, 1000)
             with self._idle_changed:
                 self._idle -= len(rows)  # only this thread decrements, so it cannot go negative
             for row in rows:
@@ -167,19 +161,11 @@ class Worker:
         if conn is not None:
             conn.close()
 
-    def _wait_for_idle_handler(self, backlog: bool) -> int:
-        """How many handlers are idle, once one is (0 if stopping): claim only what can start
-        now. During a backlog, waits a little for half of them."""
+    def _wait_for_idle_handler(self) -> int:
+        """How many handlers are idle, once one is (0 if stopping): claim only what can start now."""
         with self._idle_changed:
             while self._idle == 0 and not self._stopping:
                 self._idle_changed.wait(_SLICE)
-            if backlog:
-                deadline = time.monotonic() + _BATCH_WINDOW
-                while self._idle < (self.handlers + 1) // 2 and not self._stopping:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._idle_changed.wait(left)
             return 0 if self._stopping else self._idle
 
     def _wait_for_notification(self, conn: psycopg.Connection) -> bool:

@@ -86,10 +86,6 @@ public final class OutboxWorker {
     // The claim loop wakes at least this often, so it sees stop() without being interrupted
     // (interrupting a thread inside JDBC I/O would break its connection).
     private static final int TICK_MS = 200;
-    // While a backlog lasts (the last claim came back full), the claim loop waits this long for
-    // half of the handlers to be free, so that one claim serves several: a claim per job would
-    // make the claiming connection the bottleneck.
-    private static final long BATCH_WINDOW_NANOS = TimeUnit.MILLISECONDS.toNanos(5);
 
     private final String databaseUrl, endpoint;
     private final Handler handler;
@@ -188,7 +184,6 @@ public final class OutboxWorker {
         PreparedStatement claim = null;
         long backoff = BACKOFF_MIN_MS;
         boolean ready = false;
-        boolean backlog = false;
         List<Slot> taken = new ArrayList<>();
         try {
             while (!stopping) {
@@ -212,17 +207,10 @@ public final class OutboxWorker {
                     }
                     taken.add(first);
                     free.drainTo(taken);
-                    long deadline = System.nanoTime() + BATCH_WINDOW_NANOS;
-                    while (backlog && taken.size() < (handlers + 1) / 2) {
-                        Slot next = free.poll(deadline - System.nanoTime(), TimeUnit.NANOSECONDS);
-                        if (next == null) break;
-                        taken.add(next);
-                    }
                     if (stopping) break;
                     // Notifications so far are for jobs this claim will see: they must not wake us after it.
                     pg.getNotifications();
                     List<Job> jobs = claim(claim, taken.size());
-                    backlog = jobs.size() == taken.size();
                     backoff = BACKOFF_MIN_MS;
                     if (!ready) {
                         ready = true;
