@@ -10,6 +10,7 @@ import base64
 import http.client
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -87,6 +88,30 @@ def enqueue_mixed(events):
     return events // 4
 
 
+def enqueue_keyed(events, keys=40):
+    """Enqueues `events` committed events over `keys` keys, one to three of a key per
+    transaction (so that events of one transaction share a key too), each transaction committed
+    before the next begins; and a rolled-back transaction after every fourth. Returns the
+    number rolled back."""
+    lines, n, rolled_back, transactions = [], 0, 0, 0
+    while n < events:
+        key = f"k{(n * 7919) % keys}"
+        size = min(1 + transactions % 3, events - n)
+        enqueues = " ".join(f"SELECT outbox_enqueue('fault.test', '{{\"n\": {n + i}, \"key\": \"{key}\"}}', '{key}');"
+                            for i in range(size))
+        lines.append(f"BEGIN; {enqueues} COMMIT;")
+        n += size
+        transactions += 1
+        if transactions % 4 == 0:
+            lines.append(f"BEGIN; SELECT outbox_enqueue('fault.test', '{{\"n\": {n}, \"key\": \"{key}\", "
+                         f"\"rolled_back\": true}}', '{key}'); ROLLBACK;")
+            rolled_back += 1
+    subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-q",
+                    "-o", "/dev/null", "-v", "ON_ERROR_STOP=1"],
+                   input="\n".join(lines), check=True, text=True)
+    return rolled_back
+
+
 # ---------------------------------------------------------------- the receiver
 
 class Receiver:
@@ -103,6 +128,10 @@ class Receiver:
         self.delay = 0.0
         self.down = False
         self.first_attempt = None  # None, "hang" or "cut": what the first attempt of each event gets
+        self.fail_rate = 0.0  # share of requests answered 503
+        self.first_by_key = {}  # key: event ids in the order of their first delivery
+        self.keys_active = set()
+        self.key_overlaps = 0  # requests of one key in flight at the same time
         self.server = None
 
     def start(self):
@@ -117,6 +146,8 @@ class Receiver:
                     self.close_connection = True
                     return
                 event_id = int(self.headers["webhook-id"])
+                data = json.loads(body)["data"]
+                key = data.get("key")
                 with receiver.lock:
                     receiver.active += 1
                     if event_id in receiver.active_ids:
@@ -125,9 +156,31 @@ class Receiver:
                     first = event_id not in receiver.seen
                     receiver.seen.add(event_id)
                     receiver.ids.append(event_id)
-                    if json.loads(body)["data"].get("rolled_back"):
+                    if data.get("rolled_back"):
                         receiver.rolled_back += 1
+                    if key is not None:
+                        if key in receiver.keys_active:
+                            receiver.key_overlaps += 1
+                        receiver.keys_active.add(key)
+                        if first:
+                            receiver.first_by_key.setdefault(key, []).append(event_id)
+                released = []
+
+                def release_key():
+                    """Before answering: the relay may send the key's next event as soon as
+                    it has the answer."""
+                    if key is not None and not released:
+                        released.append(True)
+                        with receiver.lock:
+                            receiver.keys_active.discard(key)
+
                 try:
+                    if key is not None and random.random() < receiver.fail_rate:
+                        release_key()
+                        self.send_response(503)
+                        self.send_header("content-length", "0")
+                        self.end_headers()
+                        return
                     if first and receiver.first_attempt == "cut":
                         # status line and half the headers, then the connection closes
                         self.wfile.write(b"HTTP/1.1 204 No Content\r\ncontent-le")
@@ -137,10 +190,12 @@ class Receiver:
                     if first and receiver.first_attempt == "hang":
                         time.sleep(5)  # longer than outbox.http_timeout (4 s)
                     time.sleep(receiver.delay)
+                    release_key()
                     self.send_response(204)
                     self.send_header("content-length", "0")
                     self.end_headers()
                 finally:
+                    release_key()
                     with receiver.lock:
                         receiver.active -= 1
                         receiver.active_ids.discard(event_id)
@@ -165,10 +220,16 @@ class Receiver:
         self.server.shutdown()
         self.server.server_close()
 
-    def reset(self, delay=0.0, first_attempt=None):
+    def reset(self, delay=0.0, first_attempt=None, fail_rate=0.0):
         with self.lock:
             self.ids, self.seen, self.rolled_back, self.overlaps = [], set(), 0, 0
-            self.delay, self.first_attempt = delay, first_attempt
+            self.delay, self.first_attempt, self.fail_rate = delay, first_attempt, fail_rate
+            self.first_by_key, self.keys_active, self.key_overlaps = {}, set(), 0
+
+    def out_of_order(self):
+        """First deliveries of a key that came after a later event of the same key."""
+        with self.lock:
+            return sum(1 for ids in self.first_by_key.values() for a, b in zip(ids, ids[1:]) if b < a)
 
     def received(self):
         with self.lock:
@@ -330,6 +391,82 @@ def long_transaction(receiver):
                          f"claim on an empty queue {before:.2f} ms before, {after:.2f} ms after"), None
 
 
+# ---------------------------------------------------------------- ordered scenarios
+# The endpoint default is ordered for these; events carry keys (enqueue_keyed), and besides
+# nothing lost and nothing rolled back delivered, each key's first deliveries must come in
+# event-id order with never two requests of one key in flight at once.
+
+def ordered_503s(receiver):
+    receiver.reset(delay=0.005, fail_rate=0.2)
+    rolled_back = enqueue_keyed(EVENTS // 4)  # each 503 holds its key back a second or more
+    return rolled_back, f"503 for 20% of requests, retried with backoff ({EVENTS // 4} events, 40 keys)", None
+
+
+def ordered_kill_a_worker(receiver):
+    receiver.reset(delay=0.02)
+    rolled_back = enqueue_keyed(EVENTS)
+    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
+    os.kill(worker_pids()[0], signal.SIGKILL)
+    return rolled_back, "kill -9 of a relay worker (40 keys)", None
+
+
+def ordered_immediate_stop(receiver):
+    receiver.reset(delay=0.02)
+    rolled_back = enqueue_keyed(EVENTS)
+    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
+    pg_ctl("-m", "immediate", "stop")
+    start_server()
+    return rolled_back, "pg_ctl stop -m immediate, start (40 keys)", None
+
+
+MARK_SENT = open(os.path.join(os.path.dirname(__file__), "..", "sql", "mark_sent.sql")).read()
+
+
+def ordered_sql_claimer(receiver):
+    """A SQL client sequences, claims and marks sent with the workers' own statements, beside
+    the two workers, on the same ordered endpoint."""
+    configure(concurrency="8")
+    receiver.reset(delay=0.01)
+    enqueued = threading.Event()
+    delivered = [0]
+    mark_sent = "".join(l for l in MARK_SENT.splitlines(True) if not l.startswith("--")) \
+        .replace("@extschema@", "public") \
+        .replace("$3", "(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')")
+
+    def claimer():
+        connection = http.client.HTTPConnection("127.0.0.1", RECEIVER_PORT, timeout=10)
+        while True:
+            sql("SELECT outbox_sequence('default')")
+            rows = [line.split("|", 3) for line in sql(claim_sql(20, 10000)).splitlines() if line]
+            if not rows:
+                if enqueued.is_set() and sql("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NULL") == "0":
+                    return
+                time.sleep(0.01)
+                continue
+            sent = []
+            for _endpoint, event_id, _attempts, body in rows:
+                connection.request("POST", "/events", body=body,
+                                   headers={"webhook-id": event_id, "content-type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                if 200 <= response.status < 300:
+                    sent.append(event_id)
+            if sent:
+                sql(mark_sent.replace("$1", "'{" + ",".join("default" for _ in sent) + "}'::text[]")
+                    .replace("$2", "'{" + ",".join(sent) + "}'::bigint[]"))
+            delivered[0] += len(sent)
+
+    thread = threading.Thread(target=claimer)
+    thread.start()
+    rolled_back = enqueue_keyed(EVENTS)
+    enqueued.set()
+    thread.join(DEADLINE)
+    assert delivered[0] > 0, "the SQL claimer took part"
+    return rolled_back, f"a SQL claimer beside the 2 workers (it delivered {delivered[0]})", None
+
+
+ORDERED_SCENARIOS = [ordered_503s, ordered_kill_a_worker, ordered_immediate_stop, ordered_sql_claimer]
+
 SCENARIOS = [kill_a_worker, immediate_stop, fast_shutdown, receiver_outage, hanging_receiver, cut_mid_response,
              lease_shorter_than_request, two_replicas, long_transaction]
 
@@ -338,7 +475,9 @@ def run(scenario, receiver):
     # Start clean: no request of an earlier scenario may still arrive and be counted here.
     wait_until("no request is in flight", lambda: sql("SELECT coalesce(sum(in_flight), 0) FROM outbox_workers()") == "0")
     configure(**BASE_SETTINGS)
-    sql("TRUNCATE outbox_deliveries, outbox")
+    ordered = scenario in ORDERED_SCENARIOS
+    sql(f"SELECT outbox_endpoint_set('default', NULL, ordered => {str(ordered).lower()})")
+    sql("TRUNCATE outbox_deliveries, outbox, outbox_keys, outbox_key_arrivals")
     started = time.monotonic()
     rolled_back, fault, expect = scenario(receiver)
     fault_at = time.monotonic()
@@ -365,6 +504,11 @@ def run(scenario, receiver):
         "total s": f"{time.monotonic() - started:.1f}",
     }
     ok = row["lost"] == 0 and row["rolled back delivered"] == 0 and dead == 0 and len(committed) > 0
+    if ordered:
+        row["keys"] = len(receiver.first_by_key)
+        row["out of order"] = receiver.out_of_order()
+        row["one key twice in flight"] = receiver.key_overlaps
+        ok = ok and row["out of order"] == 0 and row["one key twice in flight"] == 0
     if expect and sql(f"SELECT {expect}") != "t":
         raise AssertionError(f"expected {expect}")
     return row, ok
@@ -462,19 +606,22 @@ def database_lifecycle():
 def main():
     receiver = Receiver()
     receiver.start()
+    # Scenarios by name, comma-separated (e.g. FAULT_ONLY=two_replicas): only those run.
+    only = [name for name in os.environ.get("FAULT_ONLY", "").split(",") if name]
     try:
-        database_lifecycle()
+        if not only:
+            database_lifecycle()
     except (AssertionError, subprocess.CalledProcessError) as e:
         log = subprocess.run(["tail", "-n", "40", f"{DATA}/../server.log"], capture_output=True, text=True).stdout
         print(f"FAILED database_lifecycle: {e}\nend of the server log:\n{log}", file=sys.stderr)
         sys.exit(1)
     rows, failures = [], []
     try:
-        secrets_stay_out_of_the_log()
+        if not only:
+            secrets_stay_out_of_the_log()
     except AssertionError as e:
         failures.append(f"secrets_stay_out_of_the_log: {e}")
-    only = os.environ.get("FAULT_ONLY")  # run one scenario by name, e.g. FAULT_ONLY=two_replicas
-    for scenario in [s for s in SCENARIOS if not only or s.__name__ == only]:
+    for scenario in [s for s in SCENARIOS + ORDERED_SCENARIOS if not only or s.__name__ in only]:
         print(f"== {scenario.__name__}", flush=True)
         try:
             row, ok = run(scenario, receiver)
@@ -485,11 +632,12 @@ def main():
         rows.append(row)
         if not ok:
             failures.append(f"{scenario.__name__}: {row}")
-    if rows:
-        keys = list(rows[0])
-        print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-        for row in rows:
-            print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+    for table in ([r for r in rows if "keys" not in r], [r for r in rows if "keys" in r]):
+        if table:
+            keys = list(table[0])
+            print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+            for row in table:
+                print("| " + " | ".join(str(row[k]) for k in keys) + " |")
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)
     sys.exit(1 if failures else 0)

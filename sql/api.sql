@@ -78,7 +78,9 @@ AS $$
 $$;
 
 -- Puts the dead (or pending) deliveries of an event back in the queue with a fresh attempt
--- budget: to one endpoint, or to all of them when endpoint is null. Returns how many. Sent
+-- budget: to one endpoint, or to all of them when endpoint is null. Returns how many. On an
+-- ordered endpoint, a dead head is retried at once, still ahead of its key; any other
+-- delivery with a key waits for its turn again (by event id). Sent
 -- deliveries are left alone (outbox_replay sends those again), and so is one a worker holds
 -- right now (claimed, lease running, no failure recorded yet): its request may be in flight.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_requeue(event_id bigint, endpoint text DEFAULT NULL)
@@ -89,12 +91,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     WITH requeued AS (
         UPDATE @extschema@.outbox_deliveries AS d
-           SET dead_at = NULL, attempts = 0, available_at = now(), claimed_by = NULL
+           SET dead_at = NULL, attempts = 0, available_at = now(), claimed_by = NULL,
+               waiting = @extschema@.outbox_waits_for_key(d.endpoint, d.key, d.event_id)
          WHERE d.event_id = $1
            AND ($2 IS NULL OR d.endpoint = $2)
            AND d.sent_at IS NULL
            AND NOT (d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now())
-        RETURNING 1
+        RETURNING d.endpoint, d.key, d.waiting
+    ), arrived AS (
+        INSERT INTO @extschema@.outbox_key_arrivals (endpoint, key)
+        SELECT requeued.endpoint, requeued.key FROM requeued WHERE requeued.waiting
     )
     SELECT count(*)::integer FROM requeued
 $$;
@@ -102,7 +108,7 @@ $$;
 -- Delivers again every retained event created in [since, until) whose topic the endpoint
 -- matches, sent or not: how a new endpoint back-fills and how one recovers after an incident.
 -- Returns the number of deliveries created or reset (one a worker holds right now is left to
--- its claim).
+-- its claim). On an ordered endpoint they wait for their keys' turns, in event-id order.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_replay(endpoint text, since timestamptz, until timestamptz DEFAULT now())
 RETURNS bigint
 LANGUAGE plpgsql
@@ -111,25 +117,35 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     patterns text[];
+    is_ordered boolean;
     replayed bigint;
 BEGIN
     IF since IS NULL OR until IS NULL THEN
         RAISE EXCEPTION 'outbox_replay: since and until must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT e.topics INTO patterns FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_replay.endpoint;
+    SELECT e.topics, e.ordered INTO patterns, is_ordered
+      FROM @extschema@.outbox_endpoints AS e
+     WHERE e.name = outbox_replay.endpoint;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox_replay: endpoint % does not exist', quote_nullable(outbox_replay.endpoint)
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO @extschema@.outbox_deliveries AS d (event_id, endpoint)
-    SELECT o.id, outbox_replay.endpoint
-      FROM @extschema@.outbox AS o
-     WHERE o.created_at >= since AND o.created_at < until
-       AND patterns OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(o.topic)
-    ON CONFLICT ON CONSTRAINT outbox_deliveries_pkey DO UPDATE
-       SET sent_at = NULL, dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL, claimed_by = NULL
-     WHERE NOT (d.sent_at IS NULL AND d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now());
-    GET DIAGNOSTICS replayed = ROW_COUNT;
+    WITH replayed AS (
+        INSERT INTO @extschema@.outbox_deliveries AS d (event_id, endpoint, key, waiting)
+        SELECT o.id, outbox_replay.endpoint, CASE WHEN is_ordered THEN o.key END, is_ordered AND o.key IS NOT NULL
+          FROM @extschema@.outbox AS o
+         WHERE o.created_at >= since AND o.created_at < until
+           AND patterns OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(o.topic)
+        ON CONFLICT ON CONSTRAINT outbox_deliveries_pkey DO UPDATE
+           SET sent_at = NULL, dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL, claimed_by = NULL,
+               key = excluded.key, waiting = @extschema@.outbox_waits_for_key(d.endpoint, excluded.key, d.event_id)
+         WHERE NOT (d.sent_at IS NULL AND d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now())
+        RETURNING d.key, d.waiting
+    ), arrived AS (
+        INSERT INTO @extschema@.outbox_key_arrivals (endpoint, key)
+        SELECT DISTINCT outbox_replay.endpoint, replayed.key FROM replayed WHERE replayed.waiting
+    )
+    SELECT count(*) INTO replayed FROM replayed;
     DELETE FROM @extschema@.outbox_unrouted AS u
      USING @extschema@.outbox AS o
      WHERE o.id = u.event_id
@@ -140,13 +156,15 @@ END
 $$;
 
 -- Per endpoint: how many of its deliveries are pending (due now), waiting (leased, backing
--- off, scheduled, or the endpoint is disabled) and dead, how long the oldest due one has
--- waited, and its health. Read from the pending and dead indexes, never the sent history.
+-- off, scheduled, behind their key on an ordered endpoint, or the endpoint is disabled) and
+-- dead, how many keys a dead head blocks, how long the oldest due one has waited, and its
+-- health. Read from the pending, waiting and dead indexes, never the sent history.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_stats(
     OUT endpoint text,
     OUT pending bigint,
     OUT waiting bigint,
     OUT dead bigint,
+    OUT blocked_keys bigint,
     OUT oldest_pending_age interval,
     OUT failing_since timestamptz,
     OUT disabled_at timestamptz)
@@ -162,23 +180,35 @@ AS $$
                count(*) FILTER (WHERE d.available_at > now()) AS later,
                min(d.available_at) FILTER (WHERE d.available_at <= now()) AS oldest_due
           FROM @extschema@.outbox_deliveries AS d
-         WHERE d.sent_at IS NULL AND d.dead_at IS NULL
+         WHERE d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting
+         GROUP BY d.endpoint
+    ), behind AS (
+        SELECT d.endpoint, count(*) AS behind
+          FROM @extschema@.outbox_deliveries AS d
+         WHERE d.waiting
          GROUP BY d.endpoint
     ), dead AS (
-        SELECT d.endpoint, count(*) AS dead
+        SELECT d.endpoint,
+               count(*) AS dead,
+               count(*) FILTER (WHERE EXISTS (SELECT FROM @extschema@.outbox_keys AS k
+                                               WHERE k.endpoint = d.endpoint AND k.key = d.key
+                                                 AND k.head = d.event_id)) AS blocked_keys
           FROM @extschema@.outbox_deliveries AS d
          WHERE d.dead_at IS NOT NULL
          GROUP BY d.endpoint
     )
     SELECT e.name,
            CASE WHEN e.disabled_at IS NULL THEN coalesce(q.due, 0) ELSE 0 END,
-           CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0) ELSE coalesce(q.due, 0) + coalesce(q.later, 0) END,
+           coalesce(b.behind, 0)
+             + CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0) ELSE coalesce(q.due, 0) + coalesce(q.later, 0) END,
            coalesce(x.dead, 0),
+           coalesce(x.blocked_keys, 0),
            CASE WHEN e.disabled_at IS NULL THEN now() - q.oldest_due END,
            e.failing_since,
            e.disabled_at
       FROM @extschema@.outbox_endpoints AS e
       LEFT JOIN queued AS q ON q.endpoint = e.name
+      LEFT JOIN behind AS b ON b.endpoint = e.name
       LEFT JOIN dead AS x ON x.endpoint = e.name
      ORDER BY e.name
 $$;

@@ -22,6 +22,7 @@ WITH claimable AS (
              WHERE d.endpoint = w.endpoint
                AND d.sent_at IS NULL
                AND d.dead_at IS NULL
+               AND NOT d.waiting
                AND d.available_at <= now()
              ORDER BY d.available_at, d.event_id
              LIMIT w.max_events

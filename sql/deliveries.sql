@@ -58,6 +58,8 @@ CREATE TABLE @extschema@.outbox_deliveries (
     dead_at      timestamptz,
     last_error   text,
     claimed_by   integer,
+    key          text,
+    waiting      boolean     NOT NULL DEFAULT false,
     PRIMARY KEY (event_id, endpoint)
 );
 
@@ -67,12 +69,18 @@ COMMENT ON COLUMN @extschema@.outbox_deliveries.attempts IS 'Number of claims so
 COMMENT ON COLUMN @extschema@.outbox_deliveries.sent_at IS 'Set only after the receiver answered 2xx, or a pull consumer acknowledged it.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.dead_at IS 'Set when attempts reached the cap; outbox_requeue() brings the delivery back.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.last_error IS 'What the last failed attempt saw: HTTP status, timeout or connection error.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.key IS 'On an ordered endpoint, the event''s key; null elsewhere.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.waiting IS 'Ordered endpoints: waits for the deliveries of its key before it (see outbox_keys); not claimable meanwhile.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.claimed_by IS 'Process id of the relay worker or consumer session that claimed the delivery last (see pg_stat_activity); cleared when its failure is recorded.';
 
 -- The queue: only deliveries still to make, per endpoint in claim order. Its size tracks the
--- backlog, not the history, and every claim is served by it.
+-- backlog, not the history, and every claim is served by it. Deliveries waiting for their
+-- key's turn are not in it, so however many wait, a claim never reads them.
 CREATE INDEX outbox_deliveries_pending ON @extschema@.outbox_deliveries (endpoint, available_at, event_id)
-    WHERE sent_at IS NULL AND dead_at IS NULL;
+    WHERE sent_at IS NULL AND dead_at IS NULL AND NOT waiting;
+-- Ordered endpoints: the next delivery of a key is the first here.
+CREATE INDEX outbox_deliveries_waiting ON @extschema@.outbox_deliveries (endpoint, key, event_id)
+    WHERE waiting;
 -- Retention walks sent deliveries oldest first; stats count dead ones without reading history.
 CREATE INDEX outbox_deliveries_sent ON @extschema@.outbox_deliveries (sent_at)
     WHERE sent_at IS NOT NULL;
@@ -90,6 +98,34 @@ COMMENT ON TABLE @extschema@.outbox_unrouted IS 'Retained events with no deliver
 COMMENT ON COLUMN @extschema@.outbox_unrouted.created_at IS 'The event''s created_at: retention walks this index.';
 
 CREATE INDEX outbox_unrouted_created_at ON @extschema@.outbox_unrouted (created_at);
+
+-- Ordered endpoints (sql/ordering.sql): one row per key that has a delivery in the queue,
+-- naming the one delivery of the key that may be claimed (its head); the others wait. A head
+-- stays the head while it is retried and once it is dead, which blocks the key until
+-- outbox_requeue() or outbox_skip(). head is null for a moment after the head was sent and no
+-- next delivery was visible: outbox_sequence() then looks again.
+CREATE TABLE @extschema@.outbox_keys (
+    endpoint text   NOT NULL,
+    key      text   NOT NULL,
+    head     bigint,
+    PRIMARY KEY (endpoint, key)
+);
+
+COMMENT ON TABLE @extschema@.outbox_keys IS 'Ordered endpoints: the delivery of each key that may be claimed now.';
+
+CREATE INDEX outbox_keys_unassigned ON @extschema@.outbox_keys (endpoint) WHERE head IS NULL;
+
+-- Keys of ordered endpoints that got a waiting delivery (written by outbox_enqueue, requeue
+-- and replay in their caller's transaction); outbox_sequence() reads and deletes them once they
+-- are committed. A key the sequencer has not seen yet may have no row in outbox_keys.
+CREATE TABLE @extschema@.outbox_key_arrivals (
+    endpoint text NOT NULL,
+    key      text NOT NULL
+);
+
+COMMENT ON TABLE @extschema@.outbox_key_arrivals IS 'Keys of ordered endpoints with new waiting deliveries, for outbox_sequence().';
+
+CREATE INDEX outbox_key_arrivals_endpoint ON @extschema@.outbox_key_arrivals (endpoint);
 
 -- Acknowledged deliveries, counted as they are recorded: outbox_stats() reads the sum instead
 -- of the history. Each session adds to its own shard, so writers rarely wait for each other.
@@ -116,3 +152,5 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_endpoint_secrets'
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_deliveries', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_unrouted', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_delivery_counts', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_keys', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_key_arrivals', '');

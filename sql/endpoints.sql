@@ -4,7 +4,7 @@
 -- a secret, which may carry credentials.
 
 -- Creates or replaces an endpoint; its secrets, deliveries and health stay. New topics apply
--- to events enqueued afterwards (outbox_replay sends older ones).
+-- to events enqueued afterwards (outbox_replay sends older ones); so does ordered = true.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_set(
     name text,
     url text,
@@ -106,9 +106,9 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_set: the name of an endpoint that notifies is at most 56 bytes (its channel is "outbox.<name>")'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF ordered IS NULL OR ordered THEN
-        RAISE EXCEPTION 'outbox_endpoint_set: ordered endpoints are not supported yet'
-              USING ERRCODE = 'feature_not_supported';
+    IF ordered IS NULL THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: ordered is true or false'
+              USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     INSERT INTO @extschema@.outbox_endpoints AS e
@@ -119,6 +119,10 @@ BEGIN
            headers = excluded.headers, timeout = excluded.timeout,
            max_attempts = excluded.max_attempts, max_in_flight = excluded.max_in_flight,
            ordered = excluded.ordered, notify = excluded.notify;
+    IF NOT ordered THEN
+        -- No longer ordered (or never was): whatever waited for its key is due now.
+        PERFORM @extschema@.outbox_unorder(outbox_endpoint_set.name);
+    END IF;
     PERFORM nextval('@extschema@.outbox_endpoints_version');
 END
 $$;
@@ -225,7 +229,7 @@ BEGIN
     UPDATE @extschema@.outbox_deliveries AS d
        SET available_at = now()
      WHERE d.endpoint = outbox_endpoint_enable.name
-       AND d.sent_at IS NULL AND d.dead_at IS NULL
+       AND d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting
        AND d.attempts > 0 AND d.claimed_by IS NULL AND d.available_at > now();
 END
 $$;
@@ -256,6 +260,7 @@ BEGIN
                         WHERE other.event_id = dropped.event_id
                           AND other.endpoint <> outbox_endpoint_drop.name)
     ON CONFLICT DO NOTHING;
+    PERFORM @extschema@.outbox_unorder(outbox_endpoint_drop.name);
     DELETE FROM @extschema@.outbox_endpoint_secrets AS s WHERE s.endpoint = outbox_endpoint_drop.name;
     DELETE FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_drop.name;
 END

@@ -12,7 +12,8 @@ SELECT e.name,
                FROM @extschema@.outbox_endpoint_secrets AS s
               WHERE s.endpoint = e.name
                 AND (s.expires_at IS NULL OR s.expires_at > now())
-              ORDER BY s.generation DESC)
+              ORDER BY s.generation DESC),
+       e.ordered
   FROM @extschema@.outbox_endpoints AS e
  WHERE e.kind = 'webhook'
    AND e.disabled_at IS NULL

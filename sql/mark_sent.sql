@@ -1,7 +1,7 @@
 -- Record acknowledged deliveries ($1 endpoints, $2 event ids, pairwise). sent_at is written
 -- here (and, for pull endpoints, by outbox_ack_batch); a delivery that another claimer already
--- marked keeps its first sent_at. The same statement counts them and notes each endpoint's
--- success, as a consumer's ack does (outbox_note_acked, sql/pull.sql).
+-- marked keeps its first sent_at. The same statement counts them, notes each endpoint's
+-- success and moves ordered keys on, as a consumer's ack does (sql/pull.sql).
 -- $3 is the extension the deliveries were claimed from: if it was dropped and created again
 -- since, these ids now name other events, and nothing is marked.
 WITH sent AS (
@@ -13,10 +13,15 @@ WITH sent AS (
        AND d.endpoint = a.endpoint
        AND d.sent_at IS NULL
        AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $3)
-    RETURNING d.endpoint
+    RETURNING d.endpoint, d.event_id, d.key
 )
 -- In endpoint order, so that two workers lock the counter and endpoint rows in the same order.
-SELECT @extschema@.outbox_note_acked(sent.endpoint, count(*))
+-- On an ordered endpoint, the next delivery of each key sent becomes claimable (STRICT: not
+-- called for an endpoint without keys).
+SELECT @extschema@.outbox_note_acked(sent.endpoint, count(*)),
+       @extschema@.outbox_release_keys(sent.endpoint,
+                                       array_agg(sent.event_id) FILTER (WHERE sent.key IS NOT NULL),
+                                       array_agg(sent.key) FILTER (WHERE sent.key IS NOT NULL))
   FROM sent
  GROUP BY sent.endpoint
  ORDER BY sent.endpoint

@@ -78,6 +78,8 @@ CREATE TABLE @extschema@.outbox_deliveries (
     dead_at      timestamptz,
     last_error   text,
     claimed_by   integer,
+    key          text,
+    waiting      boolean     NOT NULL DEFAULT false,
     PRIMARY KEY (event_id, endpoint)
 );
 
@@ -87,12 +89,18 @@ COMMENT ON COLUMN @extschema@.outbox_deliveries.attempts IS 'Number of claims so
 COMMENT ON COLUMN @extschema@.outbox_deliveries.sent_at IS 'Set only after the receiver answered 2xx, or a pull consumer acknowledged it.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.dead_at IS 'Set when attempts reached the cap; outbox_requeue() brings the delivery back.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.last_error IS 'What the last failed attempt saw: HTTP status, timeout or connection error.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.key IS 'On an ordered endpoint, the event''s key; null elsewhere.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.waiting IS 'Ordered endpoints: waits for the deliveries of its key before it (see outbox_keys); not claimable meanwhile.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.claimed_by IS 'Process id of the relay worker or consumer session that claimed the delivery last (see pg_stat_activity); cleared when its failure is recorded.';
 
 -- The queue: only deliveries still to make, per endpoint in claim order. Its size tracks the
--- backlog, not the history, and every claim is served by it.
+-- backlog, not the history, and every claim is served by it. Deliveries waiting for their
+-- key's turn are not in it, so however many wait, a claim never reads them.
 CREATE INDEX outbox_deliveries_pending ON @extschema@.outbox_deliveries (endpoint, available_at, event_id)
-    WHERE sent_at IS NULL AND dead_at IS NULL;
+    WHERE sent_at IS NULL AND dead_at IS NULL AND NOT waiting;
+-- Ordered endpoints: the next delivery of a key is the first here.
+CREATE INDEX outbox_deliveries_waiting ON @extschema@.outbox_deliveries (endpoint, key, event_id)
+    WHERE waiting;
 -- Retention walks sent deliveries oldest first; stats count dead ones without reading history.
 CREATE INDEX outbox_deliveries_sent ON @extschema@.outbox_deliveries (sent_at)
     WHERE sent_at IS NOT NULL;
@@ -110,6 +118,34 @@ COMMENT ON TABLE @extschema@.outbox_unrouted IS 'Retained events with no deliver
 COMMENT ON COLUMN @extschema@.outbox_unrouted.created_at IS 'The event''s created_at: retention walks this index.';
 
 CREATE INDEX outbox_unrouted_created_at ON @extschema@.outbox_unrouted (created_at);
+
+-- Ordered endpoints (sql/ordering.sql): one row per key that has a delivery in the queue,
+-- naming the one delivery of the key that may be claimed (its head); the others wait. A head
+-- stays the head while it is retried and once it is dead, which blocks the key until
+-- outbox_requeue() or outbox_skip(). head is null for a moment after the head was sent and no
+-- next delivery was visible: outbox_sequence() then looks again.
+CREATE TABLE @extschema@.outbox_keys (
+    endpoint text   NOT NULL,
+    key      text   NOT NULL,
+    head     bigint,
+    PRIMARY KEY (endpoint, key)
+);
+
+COMMENT ON TABLE @extschema@.outbox_keys IS 'Ordered endpoints: the delivery of each key that may be claimed now.';
+
+CREATE INDEX outbox_keys_unassigned ON @extschema@.outbox_keys (endpoint) WHERE head IS NULL;
+
+-- Keys of ordered endpoints that got a waiting delivery (written by outbox_enqueue, requeue
+-- and replay in their caller's transaction); outbox_sequence() reads and deletes them once they
+-- are committed. A key the sequencer has not seen yet may have no row in outbox_keys.
+CREATE TABLE @extschema@.outbox_key_arrivals (
+    endpoint text NOT NULL,
+    key      text NOT NULL
+);
+
+COMMENT ON TABLE @extschema@.outbox_key_arrivals IS 'Keys of ordered endpoints with new waiting deliveries, for outbox_sequence().';
+
+CREATE INDEX outbox_key_arrivals_endpoint ON @extschema@.outbox_key_arrivals (endpoint);
 
 -- Acknowledged deliveries, counted as they are recorded: outbox_stats() reads the sum instead
 -- of the history. Each session adds to its own shard, so writers rarely wait for each other.
@@ -136,6 +172,8 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_endpoint_secrets'
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_deliveries', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_unrouted', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_delivery_counts', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_keys', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_key_arrivals', '');
 
 -- 0.1.0 delivered every event to one URL: its delivery state becomes the default endpoint's.
 INSERT INTO @extschema@.outbox_deliveries
@@ -185,6 +223,181 @@ ALTER TABLE @extschema@.outbox
 COMMENT ON TABLE @extschema@.outbox IS 'Events enqueued by outbox_enqueue(); their delivery state is in outbox_deliveries.';
 COMMENT ON COLUMN @extschema@.outbox.key IS 'Ordering key (e.g. the aggregate id); null means unordered.';
 
+-- Ordered endpoints: per-key FIFO. On an endpoint with ordered = true, outbox_enqueue writes
+-- each delivery of an event with a key as waiting (outside the pending index, so no claim
+-- reads it) and notes its key in outbox_key_arrivals. outbox_keys names, per key, the one
+-- delivery that may be claimed: its head. The head moves on when it is sent (or skipped), to
+-- the key's first waiting delivery by event id; until then the others wait, however often the
+-- head is retried, and a dead head keeps its key blocked.
+--
+-- Two places move heads, and neither ever waits for the other:
+-- * outbox_release_keys, in the transaction that records a head as sent (a relay worker's
+--   acknowledgement or a consumer's ack), which holds the key's row until it commits;
+-- * outbox_sequence, run before each claim of an ordered endpoint, for keys that have no head
+--   yet: new keys, and keys whose head was sent before the next delivery was committed.
+
+-- Gives every key of the endpoint that needs one a head: first the keys that got waiting
+-- deliveries since the last pass, then every key without a head (its first waiting delivery
+-- becomes the head; a key with none left loses its row). One sequencer per endpoint runs at a
+-- time; a caller that finds another at work returns at once (0). Returns the deliveries it
+-- made claimable. Called by the relay workers and outbox_claim.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_sequence(endpoint text)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    promoted integer;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock('@extschema@.outbox_keys'::regclass::oid::integer, hashtext(outbox_sequence.endpoint)) THEN
+        RETURN 0;
+    END IF;
+    WITH arrived AS (
+        DELETE FROM @extschema@.outbox_key_arrivals AS a
+         WHERE a.ctid = ANY (ARRAY(SELECT x.ctid
+                                     FROM @extschema@.outbox_key_arrivals AS x
+                                    WHERE x.endpoint = outbox_sequence.endpoint
+                                    LIMIT 10000))
+        RETURNING a.key
+    )
+    INSERT INTO @extschema@.outbox_keys (endpoint, key)
+    SELECT DISTINCT outbox_sequence.endpoint, arrived.key
+      FROM arrived
+     WHERE NOT EXISTS (SELECT FROM @extschema@.outbox_keys AS k
+                        WHERE k.endpoint = outbox_sequence.endpoint AND k.key = arrived.key);
+    -- Rows a transaction is releasing right now are skipped: it gives them their next head.
+    WITH unassigned AS (
+        SELECT k.key,
+               (SELECT min(d.event_id)
+                  FROM @extschema@.outbox_deliveries AS d
+                 WHERE d.endpoint = outbox_sequence.endpoint AND d.key = k.key AND d.waiting) AS head
+          FROM @extschema@.outbox_keys AS k
+         WHERE k.endpoint = outbox_sequence.endpoint AND k.head IS NULL
+         LIMIT 10000
+           FOR UPDATE SKIP LOCKED
+    ), assigned AS (
+        UPDATE @extschema@.outbox_keys AS k
+           SET head = u.head
+          FROM unassigned AS u
+         WHERE k.endpoint = outbox_sequence.endpoint AND k.key = u.key AND u.head IS NOT NULL
+    ), emptied AS (
+        DELETE FROM @extschema@.outbox_keys AS k
+         USING unassigned AS u
+         WHERE k.endpoint = outbox_sequence.endpoint AND k.key = u.key AND u.head IS NULL
+    ), claimable AS (
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET waiting = false
+          FROM unassigned AS u
+         WHERE d.endpoint = outbox_sequence.endpoint AND d.event_id = u.head AND d.waiting
+        RETURNING 1
+    )
+    SELECT count(*) INTO promoted FROM claimable;
+    RETURN promoted;
+END
+$$;
+
+-- Moves on the keys whose heads were just sent or skipped (event_ids and keys pairwise): the
+-- next waiting delivery of each becomes claimable when this transaction commits. One not
+-- committed yet is found by outbox_sequence later (head is left null for it). Deliveries that
+-- are not their key's head change nothing. Called in the acknowledging transaction (by
+-- sql/mark_sent.sql, outbox_ack_batch and outbox_skip).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_release_keys(endpoint text, event_ids bigint[], keys text[])
+RETURNS void
+LANGUAGE sql
+STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH released AS (
+        SELECT k.key,
+               k.head,
+               (SELECT min(d.event_id)
+                  FROM @extschema@.outbox_deliveries AS d
+                 WHERE d.endpoint = $1 AND d.key = k.key AND d.waiting) AS next
+          FROM unnest($2, $3) AS r (event_id, key)
+          JOIN @extschema@.outbox_keys AS k
+            ON k.endpoint = $1 AND k.key = r.key AND k.head = r.event_id
+    ), moved AS (
+        UPDATE @extschema@.outbox_keys AS k
+           SET head = released.next
+          FROM released
+         WHERE k.endpoint = $1 AND k.key = released.key AND k.head = released.head
+    )
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET waiting = false
+      FROM released
+     WHERE d.endpoint = $1 AND d.event_id = released.next AND d.waiting
+$$;
+
+-- Unblocks a key whose head is dead: the delivery stays dead (outbox_requeue can still bring
+-- it back; its last_error says it was skipped) and the key's next delivery goes. True when the
+-- delivery was its key's head; false when it blocked nothing (not ordered, or skipped before).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_skip(endpoint text, event_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    skipped @extschema@.outbox_deliveries;
+BEGIN
+    SELECT * INTO skipped
+      FROM @extschema@.outbox_deliveries AS d
+     WHERE d.endpoint = outbox_skip.endpoint AND d.event_id = outbox_skip.event_id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'outbox_skip: event % has no delivery to endpoint %', event_id, quote_nullable(endpoint)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF skipped.dead_at IS NULL THEN
+        RAISE EXCEPTION 'outbox_skip: the delivery of event % to endpoint % is not dead', event_id, quote_literal(endpoint)
+              USING ERRCODE = 'object_not_in_prerequisite_state',
+                    HINT = 'Only a dead delivery is skipped; one still pending goes on being retried.';
+    END IF;
+    IF skipped.key IS NULL OR NOT EXISTS (SELECT FROM @extschema@.outbox_keys AS k
+                                           WHERE k.endpoint = skipped.endpoint AND k.key = skipped.key
+                                             AND k.head = skipped.event_id) THEN
+        RETURN false;
+    END IF;
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET last_error = left('skipped by outbox_skip; ' || coalesce(d.last_error, ''), 1024)
+     WHERE d.endpoint = skipped.endpoint AND d.event_id = skipped.event_id;
+    PERFORM @extschema@.outbox_release_keys(skipped.endpoint, ARRAY[skipped.event_id], ARRAY[skipped.key]);
+    RETURN true;
+END
+$$;
+
+-- Whether a delivery put back in the queue (by outbox_requeue or outbox_replay) waits for its
+-- key's turn: it has a key, its endpoint is ordered, and it is not its key's head (a dead head
+-- requeued is retried at once, still ahead of the rest of its key).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_waits_for_key(endpoint text, key text, event_id bigint)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT $2 IS NOT NULL
+       AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = $1 AND e.ordered)
+       AND NOT EXISTS (SELECT FROM @extschema@.outbox_keys AS k WHERE k.endpoint = $1 AND k.key = $2 AND k.head = $3)
+$$;
+
+-- Forgets an endpoint's keys: its waiting deliveries become claimable. For
+-- outbox_endpoint_set (ordered turned off) and outbox_endpoint_drop.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_unorder(endpoint text)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM @extschema@.outbox_keys AS k WHERE k.endpoint = $1;
+    DELETE FROM @extschema@.outbox_key_arrivals AS a WHERE a.endpoint = $1;
+    UPDATE @extschema@.outbox_deliveries AS d SET waiting = false WHERE d.endpoint = $1 AND d.waiting;
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_sequence(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_unorder(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_waits_for_key(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_release_keys(text, bigint[], text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_skip(text, bigint) FROM PUBLIC;
 -- The user-facing functions. A fresh install runs this file last; the update from 0.1.0
 -- includes it, so CREATE OR REPLACE throughout.
 --
@@ -265,7 +478,9 @@ AS $$
 $$;
 
 -- Puts the dead (or pending) deliveries of an event back in the queue with a fresh attempt
--- budget: to one endpoint, or to all of them when endpoint is null. Returns how many. Sent
+-- budget: to one endpoint, or to all of them when endpoint is null. Returns how many. On an
+-- ordered endpoint, a dead head is retried at once, still ahead of its key; any other
+-- delivery with a key waits for its turn again (by event id). Sent
 -- deliveries are left alone (outbox_replay sends those again), and so is one a worker holds
 -- right now (claimed, lease running, no failure recorded yet): its request may be in flight.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_requeue(event_id bigint, endpoint text DEFAULT NULL)
@@ -276,12 +491,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     WITH requeued AS (
         UPDATE @extschema@.outbox_deliveries AS d
-           SET dead_at = NULL, attempts = 0, available_at = now(), claimed_by = NULL
+           SET dead_at = NULL, attempts = 0, available_at = now(), claimed_by = NULL,
+               waiting = @extschema@.outbox_waits_for_key(d.endpoint, d.key, d.event_id)
          WHERE d.event_id = $1
            AND ($2 IS NULL OR d.endpoint = $2)
            AND d.sent_at IS NULL
            AND NOT (d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now())
-        RETURNING 1
+        RETURNING d.endpoint, d.key, d.waiting
+    ), arrived AS (
+        INSERT INTO @extschema@.outbox_key_arrivals (endpoint, key)
+        SELECT requeued.endpoint, requeued.key FROM requeued WHERE requeued.waiting
     )
     SELECT count(*)::integer FROM requeued
 $$;
@@ -289,7 +508,7 @@ $$;
 -- Delivers again every retained event created in [since, until) whose topic the endpoint
 -- matches, sent or not: how a new endpoint back-fills and how one recovers after an incident.
 -- Returns the number of deliveries created or reset (one a worker holds right now is left to
--- its claim).
+-- its claim). On an ordered endpoint they wait for their keys' turns, in event-id order.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_replay(endpoint text, since timestamptz, until timestamptz DEFAULT now())
 RETURNS bigint
 LANGUAGE plpgsql
@@ -298,25 +517,35 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     patterns text[];
+    is_ordered boolean;
     replayed bigint;
 BEGIN
     IF since IS NULL OR until IS NULL THEN
         RAISE EXCEPTION 'outbox_replay: since and until must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT e.topics INTO patterns FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_replay.endpoint;
+    SELECT e.topics, e.ordered INTO patterns, is_ordered
+      FROM @extschema@.outbox_endpoints AS e
+     WHERE e.name = outbox_replay.endpoint;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox_replay: endpoint % does not exist', quote_nullable(outbox_replay.endpoint)
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO @extschema@.outbox_deliveries AS d (event_id, endpoint)
-    SELECT o.id, outbox_replay.endpoint
-      FROM @extschema@.outbox AS o
-     WHERE o.created_at >= since AND o.created_at < until
-       AND patterns OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(o.topic)
-    ON CONFLICT ON CONSTRAINT outbox_deliveries_pkey DO UPDATE
-       SET sent_at = NULL, dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL, claimed_by = NULL
-     WHERE NOT (d.sent_at IS NULL AND d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now());
-    GET DIAGNOSTICS replayed = ROW_COUNT;
+    WITH replayed AS (
+        INSERT INTO @extschema@.outbox_deliveries AS d (event_id, endpoint, key, waiting)
+        SELECT o.id, outbox_replay.endpoint, CASE WHEN is_ordered THEN o.key END, is_ordered AND o.key IS NOT NULL
+          FROM @extschema@.outbox AS o
+         WHERE o.created_at >= since AND o.created_at < until
+           AND patterns OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(o.topic)
+        ON CONFLICT ON CONSTRAINT outbox_deliveries_pkey DO UPDATE
+           SET sent_at = NULL, dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL, claimed_by = NULL,
+               key = excluded.key, waiting = @extschema@.outbox_waits_for_key(d.endpoint, excluded.key, d.event_id)
+         WHERE NOT (d.sent_at IS NULL AND d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now())
+        RETURNING d.key, d.waiting
+    ), arrived AS (
+        INSERT INTO @extschema@.outbox_key_arrivals (endpoint, key)
+        SELECT DISTINCT outbox_replay.endpoint, replayed.key FROM replayed WHERE replayed.waiting
+    )
+    SELECT count(*) INTO replayed FROM replayed;
     DELETE FROM @extschema@.outbox_unrouted AS u
      USING @extschema@.outbox AS o
      WHERE o.id = u.event_id
@@ -327,13 +556,15 @@ END
 $$;
 
 -- Per endpoint: how many of its deliveries are pending (due now), waiting (leased, backing
--- off, scheduled, or the endpoint is disabled) and dead, how long the oldest due one has
--- waited, and its health. Read from the pending and dead indexes, never the sent history.
+-- off, scheduled, behind their key on an ordered endpoint, or the endpoint is disabled) and
+-- dead, how many keys a dead head blocks, how long the oldest due one has waited, and its
+-- health. Read from the pending, waiting and dead indexes, never the sent history.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_stats(
     OUT endpoint text,
     OUT pending bigint,
     OUT waiting bigint,
     OUT dead bigint,
+    OUT blocked_keys bigint,
     OUT oldest_pending_age interval,
     OUT failing_since timestamptz,
     OUT disabled_at timestamptz)
@@ -349,23 +580,35 @@ AS $$
                count(*) FILTER (WHERE d.available_at > now()) AS later,
                min(d.available_at) FILTER (WHERE d.available_at <= now()) AS oldest_due
           FROM @extschema@.outbox_deliveries AS d
-         WHERE d.sent_at IS NULL AND d.dead_at IS NULL
+         WHERE d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting
+         GROUP BY d.endpoint
+    ), behind AS (
+        SELECT d.endpoint, count(*) AS behind
+          FROM @extschema@.outbox_deliveries AS d
+         WHERE d.waiting
          GROUP BY d.endpoint
     ), dead AS (
-        SELECT d.endpoint, count(*) AS dead
+        SELECT d.endpoint,
+               count(*) AS dead,
+               count(*) FILTER (WHERE EXISTS (SELECT FROM @extschema@.outbox_keys AS k
+                                               WHERE k.endpoint = d.endpoint AND k.key = d.key
+                                                 AND k.head = d.event_id)) AS blocked_keys
           FROM @extschema@.outbox_deliveries AS d
          WHERE d.dead_at IS NOT NULL
          GROUP BY d.endpoint
     )
     SELECT e.name,
            CASE WHEN e.disabled_at IS NULL THEN coalesce(q.due, 0) ELSE 0 END,
-           CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0) ELSE coalesce(q.due, 0) + coalesce(q.later, 0) END,
+           coalesce(b.behind, 0)
+             + CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0) ELSE coalesce(q.due, 0) + coalesce(q.later, 0) END,
            coalesce(x.dead, 0),
+           coalesce(x.blocked_keys, 0),
            CASE WHEN e.disabled_at IS NULL THEN now() - q.oldest_due END,
            e.failing_since,
            e.disabled_at
       FROM @extschema@.outbox_endpoints AS e
       LEFT JOIN queued AS q ON q.endpoint = e.name
+      LEFT JOIN behind AS b ON b.endpoint = e.name
       LEFT JOIN dead AS x ON x.endpoint = e.name
      ORDER BY e.name
 $$;
@@ -408,7 +651,7 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_stats() FROM PUBLIC;
 -- a secret, which may carry credentials.
 
 -- Creates or replaces an endpoint; its secrets, deliveries and health stay. New topics apply
--- to events enqueued afterwards (outbox_replay sends older ones).
+-- to events enqueued afterwards (outbox_replay sends older ones); so does ordered = true.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_set(
     name text,
     url text,
@@ -510,9 +753,9 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_set: the name of an endpoint that notifies is at most 56 bytes (its channel is "outbox.<name>")'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF ordered IS NULL OR ordered THEN
-        RAISE EXCEPTION 'outbox_endpoint_set: ordered endpoints are not supported yet'
-              USING ERRCODE = 'feature_not_supported';
+    IF ordered IS NULL THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: ordered is true or false'
+              USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     INSERT INTO @extschema@.outbox_endpoints AS e
@@ -523,6 +766,10 @@ BEGIN
            headers = excluded.headers, timeout = excluded.timeout,
            max_attempts = excluded.max_attempts, max_in_flight = excluded.max_in_flight,
            ordered = excluded.ordered, notify = excluded.notify;
+    IF NOT ordered THEN
+        -- No longer ordered (or never was): whatever waited for its key is due now.
+        PERFORM @extschema@.outbox_unorder(outbox_endpoint_set.name);
+    END IF;
     PERFORM nextval('@extschema@.outbox_endpoints_version');
 END
 $$;
@@ -629,7 +876,7 @@ BEGIN
     UPDATE @extschema@.outbox_deliveries AS d
        SET available_at = now()
      WHERE d.endpoint = outbox_endpoint_enable.name
-       AND d.sent_at IS NULL AND d.dead_at IS NULL
+       AND d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting
        AND d.attempts > 0 AND d.claimed_by IS NULL AND d.available_at > now();
 END
 $$;
@@ -660,6 +907,7 @@ BEGIN
                         WHERE other.event_id = dropped.event_id
                           AND other.endpoint <> outbox_endpoint_drop.name)
     ON CONFLICT DO NOTHING;
+    PERFORM @extschema@.outbox_unorder(outbox_endpoint_drop.name);
     DELETE FROM @extschema@.outbox_endpoint_secrets AS s WHERE s.endpoint = outbox_endpoint_drop.name;
     DELETE FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_drop.name;
 END
@@ -683,7 +931,8 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_drop(text) FROM PUBLIC;
 -- pinned to pg_catalog (see sql/api.sql); bad arguments raise SQLSTATE 22023.
 
 -- Claims up to max_events due deliveries of a pull endpoint for lease (from now, whatever the
--- transaction's age), oldest first, in one statement: call it in autocommit. Rows other
+-- transaction's age), oldest first, in one statement: call it in autocommit. On an ordered
+-- endpoint only the head of each key is due (sql/ordering.sql). Rows other
 -- claimers hold are skipped, not waited for; a disabled endpoint gives nothing. A delivery
 -- whose last allowed attempt ran out of lease with no ack or nack (its consumer died or
 -- stalled on it every time) is made dead instead of being claimed again forever.
@@ -708,6 +957,9 @@ BEGIN
     IF target.disabled_at IS NOT NULL THEN
         RETURN;
     END IF;
+    IF target.ordered THEN
+        PERFORM @extschema@.outbox_sequence(outbox_claim.endpoint);
+    END IF;
     -- The due deliveries, locked for this transaction, by their addresses (a TID scan below:
     -- the planner cannot know how few they are), as sql/claim_batch.sql does.
     SELECT array_agg(c.ctid), count(*) FILTER (WHERE c.attempts >= cap)
@@ -717,6 +969,7 @@ BEGIN
              WHERE d.endpoint = outbox_claim.endpoint
                AND d.sent_at IS NULL
                AND d.dead_at IS NULL
+               AND NOT d.waiting
                AND d.available_at <= now()
              ORDER BY d.available_at, d.event_id
              LIMIT max_events
@@ -762,6 +1015,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     acked bigint;
+    ordered_ids bigint[];
+    ordered_keys text[];
 BEGIN
     IF event_ids IS NULL OR attempts IS NULL OR cardinality(event_ids) <> cardinality(attempts) THEN
         RAISE EXCEPTION 'outbox_ack_batch: event_ids and attempts must be arrays of the same length'
@@ -778,11 +1033,16 @@ BEGIN
            AND d.sent_at IS NULL
            AND d.dead_at IS NULL
            AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull')
-        RETURNING 1
+        RETURNING d.event_id, d.key
     )
-    SELECT count(*) INTO acked FROM sent;
+    SELECT count(*), array_agg(sent.event_id) FILTER (WHERE sent.key IS NOT NULL), array_agg(sent.key) FILTER (WHERE sent.key IS NOT NULL)
+      INTO acked, ordered_ids, ordered_keys
+      FROM sent;
     IF acked > 0 THEN
         PERFORM @extschema@.outbox_note_acked(outbox_ack_batch.endpoint, acked);
+    END IF;
+    IF ordered_ids IS NOT NULL THEN
+        PERFORM @extschema@.outbox_release_keys(outbox_ack_batch.endpoint, ordered_ids, ordered_keys);
     END IF;
     IF acked > 0 AND acked = cardinality(outbox_ack_batch.event_ids) THEN
         RETURN QUERY SELECT unnest(outbox_ack_batch.event_ids);

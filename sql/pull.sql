@@ -10,7 +10,8 @@
 -- pinned to pg_catalog (see sql/api.sql); bad arguments raise SQLSTATE 22023.
 
 -- Claims up to max_events due deliveries of a pull endpoint for lease (from now, whatever the
--- transaction's age), oldest first, in one statement: call it in autocommit. Rows other
+-- transaction's age), oldest first, in one statement: call it in autocommit. On an ordered
+-- endpoint only the head of each key is due (sql/ordering.sql). Rows other
 -- claimers hold are skipped, not waited for; a disabled endpoint gives nothing. A delivery
 -- whose last allowed attempt ran out of lease with no ack or nack (its consumer died or
 -- stalled on it every time) is made dead instead of being claimed again forever.
@@ -35,6 +36,9 @@ BEGIN
     IF target.disabled_at IS NOT NULL THEN
         RETURN;
     END IF;
+    IF target.ordered THEN
+        PERFORM @extschema@.outbox_sequence(outbox_claim.endpoint);
+    END IF;
     -- The due deliveries, locked for this transaction, by their addresses (a TID scan below:
     -- the planner cannot know how few they are), as sql/claim_batch.sql does.
     SELECT array_agg(c.ctid), count(*) FILTER (WHERE c.attempts >= cap)
@@ -44,6 +48,7 @@ BEGIN
              WHERE d.endpoint = outbox_claim.endpoint
                AND d.sent_at IS NULL
                AND d.dead_at IS NULL
+               AND NOT d.waiting
                AND d.available_at <= now()
              ORDER BY d.available_at, d.event_id
              LIMIT max_events
@@ -89,6 +94,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     acked bigint;
+    ordered_ids bigint[];
+    ordered_keys text[];
 BEGIN
     IF event_ids IS NULL OR attempts IS NULL OR cardinality(event_ids) <> cardinality(attempts) THEN
         RAISE EXCEPTION 'outbox_ack_batch: event_ids and attempts must be arrays of the same length'
@@ -105,11 +112,16 @@ BEGIN
            AND d.sent_at IS NULL
            AND d.dead_at IS NULL
            AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull')
-        RETURNING 1
+        RETURNING d.event_id, d.key
     )
-    SELECT count(*) INTO acked FROM sent;
+    SELECT count(*), array_agg(sent.event_id) FILTER (WHERE sent.key IS NOT NULL), array_agg(sent.key) FILTER (WHERE sent.key IS NOT NULL)
+      INTO acked, ordered_ids, ordered_keys
+      FROM sent;
     IF acked > 0 THEN
         PERFORM @extschema@.outbox_note_acked(outbox_ack_batch.endpoint, acked);
+    END IF;
+    IF ordered_ids IS NOT NULL THEN
+        PERFORM @extschema@.outbox_release_keys(outbox_ack_batch.endpoint, ordered_ids, ordered_keys);
     END IF;
     IF acked > 0 AND acked = cardinality(outbox_ack_batch.event_ids) THEN
         RETURN QUERY SELECT unnest(outbox_ack_batch.event_ids);

@@ -34,7 +34,8 @@ mod e2e;
 // The schema, in the order a fresh install runs it; sql/updates/ reuses the later files.
 extension_sql_file!("../sql/schema.sql", bootstrap);
 extension_sql_file!("../sql/deliveries.sql", name = "deliveries");
-extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["deliveries"]);
+extension_sql_file!("../sql/ordering.sql", name = "ordering", requires = ["deliveries"]);
+extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["ordering"]);
 extension_sql_file!("../sql/pull.sql", name = "pull", requires = ["endpoints"]);
 extension_sql_file!("../sql/api.sql", finalize);
 

@@ -68,6 +68,7 @@ ALTER TABLE @extschema@.outbox
 COMMENT ON TABLE @extschema@.outbox IS 'Events enqueued by outbox_enqueue(); their delivery state is in outbox_deliveries.';
 COMMENT ON COLUMN @extschema@.outbox.key IS 'Ordering key (e.g. the aggregate id); null means unordered.';
 
+--@include ordering.sql
 --@include api.sql
 --@include endpoints.sql
 --@include pull.sql

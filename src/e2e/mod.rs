@@ -12,6 +12,7 @@ mod dump_restore;
 mod endpoints;
 mod enqueue;
 mod hostile;
+mod ordering;
 mod pull;
 mod retention;
 mod retries;

@@ -186,6 +186,9 @@ fn the_consumer_recipe_claims_acks_and_records_processed_events_and_nothing_else
         "SELECT * FROM outbox_stats()",
         "SELECT outbox_requeue(1)",
         "SELECT outbox_pull_endpoint('jobs', 'x')",
+        "SELECT outbox_sequence('jobs')",
+        "SELECT outbox_skip('jobs', 1)",
+        "SELECT * FROM outbox_keys",
     ] {
         refused(&mut db, "consumer", sql);
     }
@@ -199,7 +202,7 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
         "GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_endpoint_stats(), outbox_workers(), outbox_requeue(bigint, text),
                outbox_replay(text, timestamptz, timestamptz), outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean, boolean),
                outbox_endpoint_rotate_secret(text, text, interval), outbox_endpoint_disable(text, text), outbox_endpoint_enable(text),
-               outbox_endpoint_drop(text) TO operator;
+               outbox_endpoint_drop(text), outbox_skip(text, bigint) TO operator;
          GRANT SELECT ON outbox, outbox_deliveries TO operator;
          GRANT SELECT (name, kind, topics, timeout, max_attempts, max_in_flight, ordered, notify, failing_since,
                        last_success_at, last_error, disabled_at, disabled_reason) ON outbox_endpoints TO operator",
@@ -212,6 +215,8 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
     assert_eq!(db.as_role("operator", "SELECT * FROM outbox_workers()").unwrap().len(), 2);
     let error: Option<String> = db.as_role("operator", &format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}")).unwrap()[0].get(0);
     assert_eq!(error, None);
+    let skipped: bool = db.as_role("operator", &format!("SELECT outbox_skip('default', {id})")).unwrap()[0].get(0);
+    assert!(!skipped, "a dead delivery of an unordered endpoint blocks no key");
     let requeued: i32 = db.as_role("operator", &format!("SELECT outbox_requeue({id})")).unwrap()[0].get(0);
     assert_eq!(requeued, 1);
     let secret: String = db.as_role("operator", "SELECT outbox_endpoint_rotate_secret('default')").unwrap()[0].get(0);

@@ -108,6 +108,7 @@ impl Endpoints {
                 endpoint: name.clone(),
                 limit: free.min(settings.batch_size),
                 lease: settings.lease.max(target.timeout + LEASE_MARGIN),
+                ordered: endpoint.row.ordered,
             })
         })
     }

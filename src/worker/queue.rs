@@ -27,6 +27,8 @@ pub struct Claim {
     pub limit: usize,
     /// How long the claim holds them.
     pub lease: Duration,
+    /// Per-key FIFO: its keys get their heads (`outbox_sequence`) before the claim.
+    pub ordered: bool,
 }
 
 /// A webhook endpoint as its row says, before the worker makes a `Target` of it.
@@ -40,9 +42,12 @@ pub struct EndpointRow {
     pub max_in_flight: Option<i32>,
     /// The live signing secrets, newest first.
     pub secrets: Vec<String>,
+    pub ordered: bool,
 }
 
 const CLAIM_BATCH: &str = include_str!("../../sql/claim_batch.sql");
+/// Ordered endpoints: keys without a head get one, so the claim can take it.
+const SEQUENCE: &str = "SELECT @extschema@.outbox_sequence(name) FROM unnest($1::text[]) AS name";
 /// Until its first nextval a sequence shows last_value 1 too: is_called tells them apart.
 const ENDPOINTS_VERSION: &str = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM @extschema@.outbox_endpoints_version";
 
@@ -52,6 +57,7 @@ const ENDPOINTS_VERSION: &str = "SELECT CASE WHEN is_called THEN last_value ELSE
 pub struct Queries {
     pub installation: Installation,
     endpoints_version: OwnedPreparedStatement,
+    sequence: OwnedPreparedStatement,
     claim_batch: OwnedPreparedStatement,
     mark_sent: OwnedPreparedStatement,
     record_failures: OwnedPreparedStatement,
@@ -71,6 +77,7 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
             };
             Ok([
                 prepare(ENDPOINTS_VERSION, &[])?,
+                prepare(SEQUENCE, &[TEXTARRAYOID])?,
                 prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID])?,
                 prepare(include_str!("../../sql/mark_sent.sql"), &[TEXTARRAYOID, INT8ARRAYOID, OIDOID])?,
                 prepare(
@@ -80,9 +87,10 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
             ])
         })
     })?;
-    let [endpoints_version, claim_batch, mark_sent, record_failures] = prepared;
+    let [endpoints_version, sequence, claim_batch, mark_sent, record_failures] = prepared;
     Ok(Queries {
         endpoints_version,
+        sequence,
         claim_batch,
         mark_sent,
         record_failures,
@@ -159,6 +167,7 @@ pub fn load_endpoints(queries: &Queries, disable_after: Option<Duration>) -> Res
                     max_attempts: row.get(6)?,
                     max_in_flight: row.get(7)?,
                     secrets: row.get(8)?.unwrap_or_default(),
+                    ordered: row.get(9)?.unwrap_or(false),
                 });
             }
             Ok(Endpoints::Read { disabled, endpoints, version })
@@ -182,17 +191,22 @@ pub enum Claimed {
 /// Claims up to the given number of due deliveries of each endpoint, with
 /// `synchronous_commit = off`: losing a claim in a crash only makes its deliveries claimable
 /// again (they were at most in flight), and the next acknowledgement, committed synchronously,
-/// flushes the claim's WAL with its own. One WAL flush per batch is saved.
+/// flushes the claim's WAL with its own. One WAL flush per batch is saved. (A sequencing lost
+/// the same way is done again: its arrivals come back with it.)
 pub fn claim_batch(queries: &Queries, wanted: &[Claim], version: i64) -> Result<Claimed, TransactionError> {
     let endpoints: Vec<String> = wanted.iter().map(|claim| claim.endpoint.to_string()).collect();
     let limits: Vec<i64> = wanted.iter().map(|claim| claim.limit as i64).collect();
     let leases: Vec<f64> = wanted.iter().map(|claim| millis(claim.lease)).collect();
+    let ordered: Vec<String> = wanted.iter().filter(|claim| claim.ordered).map(|claim| claim.endpoint.to_string()).collect();
     let claimed = transaction::run(|| {
         Spi::connect_mut(|client| {
             if endpoints_version(client, queries)? != version {
                 return Ok(None);
             }
             client.update("SET LOCAL synchronous_commit = off", None, &[])?;
+            if !ordered.is_empty() {
+                client.update(&queries.sequence, None, &[ordered.clone().into()])?;
+            }
             let args = [endpoints.into(), limits.into(), leases.into()];
             let rows = client.update(&queries.claim_batch, None, &args)?;
             rows.map(|row| {
