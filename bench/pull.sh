@@ -30,11 +30,7 @@ CREATE TABLE client_effects (event_id bigint, worker text, applied_at timestampt
 SQL
 export DATABASE_URL="postgresql://postgres@127.0.0.1:$PORT/postgres"
 
-q() { psql_cluster -tA -c "$1"; }
-now() { date +%s.%N; }
-rate() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%.0f", n / s }'; }
-percent() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
-pgbench_tps() { PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres pgbench -n "$@" postgres 2>&1 | awk '/^tps = / { printf "%.0f", $3 }'; }
+. bench/lib.sh
 # Pending jobs, written directly (the enqueue is measured by bench/run.sh).
 fill() {
   q "TRUNCATE outbox_deliveries, outbox, processed_events, client_effects" >/dev/null
@@ -64,11 +60,11 @@ SQL
 echo "== SQL only (4 pgbench clients, batches of 100)"
 fill 1000000
 t0=$(now); pgbench_tps -c4 -j2 -t500 -f "$DIR/bare.sql" >/dev/null; t1=$(now)
-bare=$(rate "$(sent)" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+bare=$(rate "$(sent)" "$(elapsed "$t0" "$t1")")
 echo "bare claim+mark: $bare jobs/s"
 fill 1000000
 t0=$(now); pgbench_tps -c4 -j2 -t500 -f "$DIR/claim_ack.sql" >/dev/null; t1=$(now)
-claim_ack=$(rate "$(sent)" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+claim_ack=$(rate "$(sent)" "$(elapsed "$t0" "$t1")")
 echo "outbox_claim 100 + outbox_ack_batch of 100: $claim_ack jobs/s ($(percent "$claim_ack" "$bare") of bare)"
 
 echo "== enqueue of a job, pull endpoint with notify off / on (pgbench, 8 clients, median of 5 x 5 s)"
@@ -108,7 +104,7 @@ drain_client() { # drain_client NAME COMMAND...
   done
   t1=$(now)
   kill -TERM $pid; wait $pid || true
-  client_rate=$(rate "$JOBS" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+  client_rate=$(rate "$JOBS" "$(elapsed "$t0" "$t1")")
   echo "$name client, 8 handlers: $client_rate jobs/s ($(percent "$client_rate" "$commit_rate") of one-row commits)"
 }
 drain_client python python3 clients/python/example.py; python_rate=$client_rate

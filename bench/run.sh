@@ -56,26 +56,7 @@ nginx -c "$DIR/nginx.conf"
 
 start_cluster "$DIR/pg" "$PORT" "${CLUSTER_SETTINGS[@]}"
 psql_cluster -q -c "CREATE EXTENSION outbox_ext"
-q() { psql_cluster -tA -c "$1"; }
-now() { date +%s.%N; }
-rate() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%.0f", n / s }'; }
-elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
-percent() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
-pgbench_tps() { PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres pgbench -n "$@" postgres 2>&1 | awk '/^tps = / { printf "%.0f", $3 }'; }
-wait_for() { # wait_for SQL-condition deadline-seconds
-  local deadline=$((SECONDS + $2))
-  until [ "$(q "SELECT $1")" = t ]; do
-    [ $SECONDS -lt $deadline ] || { echo "bench: timed out waiting for $1" >&2; exit 1; }
-    sleep 0.05
-  done
-}
-set_url() { # returns once every worker has read it: before that, a worker may still use the old URL
-  local since
-  since=$(q "SELECT clock_timestamp()")
-  q "ALTER SYSTEM SET outbox.webhook_url = '$1'" >/dev/null
-  q "SELECT pg_reload_conf()" >/dev/null
-  wait_for "bool_and(settings_loaded_at > '$since') FROM outbox_workers()" 10
-}
+. bench/lib.sh
 empty_tables() { q "TRUNCATE outbox_deliveries, outbox" >/dev/null; }
 # Endpoints b and c beside default, subscribed to every event: three deliveries per event.
 # Created disabled, so that the workers leave their deliveries alone until they are enabled.
@@ -89,36 +70,6 @@ insert_events() { # insert_events COUNT TOPIC SENT_AT: events, each with its del
      INSERT INTO outbox_deliveries (event_id, endpoint, sent_at) SELECT id, 'default', $3 FROM event" >/dev/null
 }
 enqueue_drain_events() { q "SELECT count(outbox_enqueue('bench', jsonb_build_object('n', n))) FROM generate_series(1, $DRAIN_EVENTS) n" >/dev/null; }
-worker_pids() { q "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE backend_type = 'outbox_ext relay'"; }
-anon_kib() { # the largest private (anonymous) memory among the workers now
-  local max=0 kib
-  for pid in $(worker_pids); do
-    kib=$(awk '/^RssAnon:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)
-    [ "${kib:-0}" -gt "$max" ] && max=$kib
-  done
-  echo "$max"
-}
-peak_anon=0
-# drain TABLE [SQL]: times the delivery of what the caller enqueued while outbox.webhook_url
-# was empty: runs SQL (whatever else has to start), sets the URL and waits until no row of
-# TABLE is left to deliver (drain_seconds). Samples the workers' memory meanwhile (peak_anon).
-drain() {
-  local t0 deadline kib
-  t0=$(now)
-  [ -z "${2:-}" ] || q "$2" >/dev/null
-  set_url "$URL"
-  deadline=$((SECONDS + 300))
-  # Polled through the pending index: counting the table 20 times a second would take CPU
-  # from the workers.
-  until [ "$(q "SELECT NOT EXISTS (SELECT FROM $1 WHERE sent_at IS NULL AND dead_at IS NULL)")" = t ]; do
-    [ $SECONDS -lt $deadline ] || { echo "bench: drain timed out" >&2; exit 1; }
-    kib=$(anon_kib); [ "$kib" -gt "$peak_anon" ] && peak_anon=$kib
-    sleep 0.05
-  done
-  drain_seconds=$(elapsed "$t0" "$(now)")
-  [ "$(q "SELECT count(*) FROM $1 WHERE sent_at IS NULL")" = 0 ] || { echo "bench: deliveries died during the drain" >&2; exit 1; }
-}
-
 cat > "$DIR/insert.sql" <<'SQL'
 INSERT INTO outbox (topic, payload) VALUES ('bench', '{"order_id": 1, "total": 42.5}');
 SQL
@@ -137,7 +88,7 @@ printf 'DO $$DECLARE delivery record; noted record; batch_endpoints text[]; batc
   "$claim" \
   "$(sql_text mark_sent.sql | sed -e 's/\$1/batch_endpoints/g' -e 's/\$2/batch_ids/g' \
        -e "s/\\\$3/(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')/g" \
-       -e 's/SELECT public.outbox_note_acked(\([^)]*)\))/SELECT public.outbox_note_acked(\1) INTO noted/')" > "$DIR/claim_mark.sql"
+       -e 's/SELECT public.outbox_note_acked/SELECT INTO noted public.outbox_note_acked/')" > "$DIR/claim_mark.sql"
 printf 'BEGIN;\n%s;\nROLLBACK;\n' "$claim" > "$DIR/claim_only.sql"
 
 echo "== limits (workers idle: outbox.webhook_url is empty)"
@@ -185,7 +136,7 @@ echo "SQL-only claim+mark: $sql_drain deliveries/s"
 echo "== drain: $DRAIN_EVENTS events enqueued, then delivered to one endpoint"
 empty_tables
 enqueue_drain_events
-drain outbox_deliveries
+drain outbox_deliveries "$URL"
 drain_rate=$(rate "$DRAIN_EVENTS" "$drain_seconds")
 echo "drain: $drain_rate events/s ($(printf '%.2f' "$drain_seconds") s, $(percent "$drain_rate" "$sql_drain") of SQL-only)"
 
@@ -194,7 +145,7 @@ set_url ""
 empty_tables
 add_b_c
 enqueue_drain_events
-drain outbox_deliveries "SELECT outbox_endpoint_enable(n) FROM unnest('{b,c}'::text[]) n"
+drain outbox_deliveries "$URL" "SELECT outbox_endpoint_enable(n) FROM unnest('{b,c}'::text[]) n"
 fanout_rate=$(rate $((3 * DRAIN_EVENTS)) "$drain_seconds")
 peak_mib=$((peak_anon / 1024))
 echo "fan-out drain: $fanout_rate deliveries/s ($(printf '%.2f' "$drain_seconds") s); worker private memory peak over both drains $peak_mib MiB"
@@ -220,27 +171,7 @@ PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres pgbench -n -c1 -R500 -T"$DURATION"
 wait_for "count(*) = count(sent_at) FROM outbox_deliveries WHERE endpoint = 'default'" 60
 latency_events=$(q "SELECT count(*) FROM outbox_deliveries WHERE endpoint = 'default'")
 down_failures=$(($(q "SELECT sum(failed) FROM outbox_workers()") - failed_before))
-deadline=$((SECONDS + 30))
-until [ "$(wc -l < "$DIR/deliveries.log")" -ge "$latency_events" ]; do
-  [ $SECONDS -lt $deadline ] || { echo "bench: receiver logged $(wc -l < "$DIR/deliveries.log") of $latency_events deliveries" >&2; exit 1; }
-  sleep 0.05
-done
-read -r p50 p99 pmax <<<"$(psql_cluster -tA -q <<SQL | tr '|' ' '
-CREATE TEMP TABLE receipts (id bigint, at numeric);
-\copy receipts FROM '$DIR/deliveries.log' WITH (DELIMITER ' ')
-WITH latency AS (
-  SELECT (min(r.at) - (o.payload->>'t')::numeric) * 1000 AS ms
-    FROM outbox_deliveries d
-    JOIN outbox o ON o.id = d.event_id
-    JOIN receipts r ON r.id = d.event_id
-   WHERE d.endpoint = 'default'
-   GROUP BY o.id, o.payload)
-SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
-       round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1),
-       round(max(ms), 1)
-  FROM latency;
-SQL
-)"
+read -r p50 p99 pmax <<<"$(receipt_latency "$DIR/deliveries.log" default "$latency_events")"
 echo "latency over $latency_events events: p50 $p50 ms, p99 $p99 ms, max $pmax ms; $down_failures failed attempts to down meanwhile"
 empty_tables
 q "SELECT outbox_endpoint_drop('down')" >/dev/null
@@ -274,7 +205,7 @@ if [ "$COMPARE_0_1_0" = 1 ]; then
   [ "$(q "SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'")" = 0.1.0 ] ||
     { echo "bench: the cluster did not get outbox_ext 0.1.0" >&2; exit 1; }
   enqueue_drain_events
-  drain outbox
+  drain outbox "$URL"
   old_drain_rate=$(rate "$DRAIN_EVENTS" "$drain_seconds")
   echo "0.1.0 drain: $old_drain_rate events/s ($(printf '%.2f' "$drain_seconds") s); this version's: $(percent "$drain_rate" "$old_drain_rate") of it"
   stop_cluster

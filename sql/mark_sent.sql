@@ -17,7 +17,8 @@ WITH sent AS (
 )
 -- In endpoint order, so that two workers lock the counter and endpoint rows in the same order.
 -- On an ordered endpoint, the next delivery of each key sent becomes claimable (STRICT: not
--- called for an endpoint without keys).
+-- called for an endpoint without keys); the second column counts those, for the worker to
+-- claim them.
 SELECT @extschema@.outbox_note_acked(sent.endpoint, count(*)),
        @extschema@.outbox_release_keys(sent.endpoint,
                                        array_agg(sent.event_id) FILTER (WHERE sent.key IS NOT NULL),

@@ -299,10 +299,11 @@ $$;
 -- Moves on the keys whose heads were just sent or skipped (event_ids and keys pairwise): the
 -- next waiting delivery of each becomes claimable when this transaction commits. One not
 -- committed yet is found by outbox_sequence later (head is left null for it). Deliveries that
--- are not their key's head change nothing. Called in the acknowledging transaction (by
--- sql/mark_sent.sql, outbox_ack_batch and outbox_skip).
+-- are not their key's head change nothing. Returns how many deliveries it made claimable.
+-- Called in the acknowledging transaction (by sql/mark_sent.sql, outbox_ack_batch and
+-- outbox_skip).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_release_keys(endpoint text, event_ids bigint[], keys text[])
-RETURNS void
+RETURNS integer
 LANGUAGE sql
 STRICT
 SET search_path = pg_catalog, pg_temp
@@ -321,11 +322,14 @@ AS $$
            SET head = released.next
           FROM released
          WHERE k.endpoint = $1 AND k.key = released.key AND k.head = released.head
+    ), claimable AS (
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET waiting = false
+          FROM released
+         WHERE d.endpoint = $1 AND d.event_id = released.next AND d.waiting
+        RETURNING 1
     )
-    UPDATE @extschema@.outbox_deliveries AS d
-       SET waiting = false
-      FROM released
-     WHERE d.endpoint = $1 AND d.event_id = released.next AND d.waiting
+    SELECT count(*)::integer FROM claimable
 $$;
 
 -- Unblocks a key whose head is dead: the delivery stays dead (outbox_requeue can still bring

@@ -193,8 +193,10 @@ impl Relay {
                     Err(stop) => return stop,
                 }
             }
-            if let Err(stop) = self.record_finished(queries, finished) {
-                return stop;
+            match self.record_finished(queries, finished) {
+                // The next events of keys just sent are due: claim them without waiting.
+                Ok(released) => timers.claim_due |= released,
+                Err(stop) => return stop,
             }
             if reloaded {
                 // Published after the first claim under the new settings: from here on, only a
@@ -294,7 +296,8 @@ impl Relay {
 
     /// Records the attempts that finished: acknowledgements first, in a transaction of their
     /// own (kept and retried if it fails), then failures (left to their lease if that fails).
-    fn record_finished(&mut self, queries: &Queries, finished: Vec<Attempt>) -> Result<(), Stop> {
+    /// True if an acknowledgement made the next delivery of an ordered key claimable.
+    fn record_finished(&mut self, queries: &Queries, finished: Vec<Attempt>) -> Result<bool, Stop> {
         let (delivered, failed): (Vec<&Attempt>, Vec<&Attempt>) =
             finished.iter().partition(|a| a.outcome == Outcome::Delivered);
         self.slot.delivered.fetch_add(delivered.len() as i64, Ordering::Relaxed);
@@ -302,9 +305,13 @@ impl Relay {
         self.slot.in_flight.store(self.sender.in_flight() as i64, Ordering::Relaxed);
 
         self.unrecorded_acks.extend(delivered.iter().map(|a| (a.endpoint.clone(), a.id)));
+        let mut released = false;
         if !self.unrecorded_acks.is_empty() {
             match queue::mark_sent(queries, &self.unrecorded_acks) {
-                Ok(()) => self.unrecorded_acks.clear(),
+                Ok(claimable) => {
+                    self.unrecorded_acks.clear();
+                    released = claimable > 0;
+                }
                 Err(e) => {
                     let what = format!("recording {} acknowledgements (kept, tried again)", self.unrecorded_acks.len());
                     self.failed(&what, e, queries)?;
@@ -322,7 +329,7 @@ impl Relay {
                 }
             }
         }
-        Ok(())
+        Ok(released)
     }
 
     /// Deletes one batch of sent events past `outbox.retention`; returns when to run again:

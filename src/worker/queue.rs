@@ -235,14 +235,19 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], version: i64) -> Result<
 }
 
 /// Records acknowledged deliveries in a transaction of their own, so that nothing else that
-/// fails can take an acknowledgement with it.
-pub fn mark_sent(queries: &Queries, acks: &[(Arc<str>, i64)]) -> Result<(), TransactionError> {
+/// fails can take an acknowledgement with it. Returns how many deliveries of ordered
+/// endpoints that made claimable (the next of each key sent).
+pub fn mark_sent(queries: &Queries, acks: &[(Arc<str>, i64)]) -> Result<i64, TransactionError> {
     let endpoints: Vec<String> = acks.iter().map(|(endpoint, _)| endpoint.to_string()).collect();
     let ids: Vec<i64> = acks.iter().map(|(_, id)| *id).collect();
     transaction::run(|| {
         Spi::connect_mut(|client| {
-            client.update(&queries.mark_sent, None, &[endpoints.into(), ids.into(), queries.installation.oid.into()])?;
-            Ok(())
+            let rows = client.update(&queries.mark_sent, None, &[endpoints.into(), ids.into(), queries.installation.oid.into()])?;
+            let mut released = 0;
+            for row in rows {
+                released += i64::from(row.get::<i32>(2)?.unwrap_or(0));
+            }
+            Ok(released)
         })
     })
 }

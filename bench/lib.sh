@@ -1,0 +1,78 @@
+# Sourced by the benchmarks (bench/run.sh, bench/pull.sh, bench/ordering.sh) after
+# scripts/cluster.sh, once start_cluster has set CLUSTER_PORT: the helpers they share.
+
+q() { psql_cluster -tA -c "$1"; }
+now() { date +%s.%N; }
+rate() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%.0f", n / s }'; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+percent() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
+pgbench_tps() { PGHOST=127.0.0.1 PGPORT=$CLUSTER_PORT PGUSER=postgres pgbench -n "$@" postgres 2>&1 | awk '/^tps = / { printf "%.0f", $3 }'; }
+wait_for() { # wait_for SQL-condition deadline-seconds
+  local deadline=$((SECONDS + $2))
+  until [ "$(q "SELECT $1")" = t ]; do
+    [ $SECONDS -lt $deadline ] || { echo "bench: timed out waiting for $1" >&2; exit 1; }
+    sleep 0.05
+  done
+}
+set_url() { # returns once every worker has read it: before that, a worker may still use the old URL
+  local since
+  since=$(q "SELECT clock_timestamp()")
+  q "ALTER SYSTEM SET outbox.webhook_url = '$1'" >/dev/null
+  q "SELECT pg_reload_conf()" >/dev/null
+  wait_for "bool_and(settings_loaded_at > '$since') FROM outbox_workers()" 10
+}
+worker_pids() { q "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE backend_type = 'outbox_ext relay'"; }
+anon_kib() { # the largest private (anonymous) memory among the workers now
+  local max=0 kib
+  for pid in $(worker_pids); do
+    kib=$(awk '/^RssAnon:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)
+    [ "${kib:-0}" -gt "$max" ] && max=$kib
+  done
+  echo "$max"
+}
+peak_anon=0
+# drain TABLE URL [SQL]: times the delivery of what the caller enqueued while
+# outbox.webhook_url was empty: runs SQL (whatever else has to start), sets URL and waits until
+# no row of TABLE is left to deliver (drain_seconds). Samples the workers' memory meanwhile
+# (peak_anon).
+drain() {
+  local t0 deadline kib
+  t0=$(now)
+  [ -z "${3:-}" ] || q "$3" >/dev/null
+  set_url "$2"
+  deadline=$((SECONDS + 300))
+  # Polled through the pending index: counting the table 20 times a second would take CPU
+  # from the workers.
+  until [ "$(q "SELECT NOT EXISTS (SELECT FROM $1 WHERE sent_at IS NULL AND dead_at IS NULL)")" = t ]; do
+    [ $SECONDS -lt $deadline ] || { echo "bench: drain timed out" >&2; exit 1; }
+    kib=$(anon_kib); [ "$kib" -gt "$peak_anon" ] && peak_anon=$kib
+    sleep 0.05
+  done
+  drain_seconds=$(elapsed "$t0" "$(now)")
+  [ "$(q "SELECT count(*) FROM $1 WHERE sent_at IS NULL")" = 0 ] || { echo "bench: deliveries died during the drain" >&2; exit 1; }
+}
+# receipt_latency LOG ENDPOINT COUNT: once nginx has logged COUNT deliveries in LOG ("<event
+# id> <unix time>" lines), prints "p50 p99 max" in milliseconds from the clock_timestamp() each
+# event's payload carries as "t" to the first receipt of its delivery to ENDPOINT.
+receipt_latency() {
+  local deadline=$((SECONDS + 30))
+  until [ "$(wc -l < "$1")" -ge "$3" ]; do
+    [ $SECONDS -lt $deadline ] || { echo "bench: receiver logged $(wc -l < "$1") of $3 deliveries" >&2; exit 1; }
+    sleep 0.05
+  done
+  psql_cluster -tA -q <<SQL | tr '|' ' '
+CREATE TEMP TABLE receipts (id bigint, at numeric);
+\copy receipts FROM '$1' WITH (DELIMITER ' ')
+WITH latency AS (
+  SELECT (min(r.at) - (o.payload->>'t')::numeric) * 1000 AS ms
+    FROM outbox_deliveries d
+    JOIN outbox o ON o.id = d.event_id
+    JOIN receipts r ON r.id = d.event_id
+   WHERE d.endpoint = '$2'
+   GROUP BY o.id, o.payload)
+SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+       round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+       round(max(ms), 1)
+  FROM latency;
+SQL
+}
