@@ -319,34 +319,55 @@ def claim_sql(limit, lease_ms):
         .replace("@extschema@", "public")
 
 
+MARK_SENT = open(os.path.join(os.path.dirname(__file__), "..", "sql", "mark_sent.sql")).read()
+
+
+def mark_sent(ids):
+    """The workers' mark-sent statement for these deliveries to the endpoint default."""
+    sql("".join(l for l in MARK_SENT.splitlines(True) if not l.startswith("--"))
+        .replace("@extschema@", "public")
+        .replace("$1", "'{" + ",".join("default" for _ in ids) + "}'::text[]")
+        .replace("$2", "'{" + ",".join(ids) + "}'::bigint[]")
+        .replace("$3", "(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')"))
+
+
+def run_sql_claimer(claim, record, enqueued, pause=0.0):
+    """A claimer beside the workers: runs `claim()` (psql output of the workers' claim: endpoint,
+    event id, attempt, body), POSTs each body to the receiver, passes the ids answered 2xx to
+    `record`, until `enqueued` is set and nothing is left unsent. Returns how many it
+    delivered."""
+    connection = http.client.HTTPConnection("127.0.0.1", RECEIVER_PORT, timeout=10)
+    delivered = 0
+    while True:
+        rows = [line.split("|", 3) for line in claim().splitlines() if line]
+        if not rows:
+            if enqueued.is_set() and sql("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NULL") == "0":
+                return delivered
+            time.sleep(pause)
+            continue
+        sent = []
+        for _endpoint, event_id, _attempts, body in rows:
+            connection.request("POST", "/events", body=body,
+                               headers={"webhook-id": event_id, "content-type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            if 200 <= response.status < 300:
+                sent.append(event_id)
+        if sent:
+            record(sent)
+        delivered += len(sent)
+
+
 def two_replicas(receiver):
-    """Two SQL clients run their own claim loop with the workers' claim statement, deliver what
-    they claimed over HTTP and mark it sent, beside the two workers."""
+    """Two SQL clients run their own claim loop with the workers' claim and mark-sent
+    statements, delivering what they claimed over HTTP, beside the two workers."""
     configure(concurrency="8")  # a backlog forms, as it does under load, so every claimer finds rows
     receiver.reset(delay=0.05)
     enqueued = threading.Event()
     delivered_by = [0, 0]
 
     def replica(index):
-        connection = http.client.HTTPConnection("127.0.0.1", RECEIVER_PORT, timeout=10)
-        while True:
-            rows = [line.split("|", 3) for line in sql(claim_sql(20, 5000)).splitlines() if line]
-            if not rows:
-                if enqueued.is_set() and sql("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NULL") == "0":
-                    return
-                continue
-            sent = []
-            for _endpoint, event_id, _attempts, body in rows:
-                connection.request("POST", "/events", body=body,
-                                   headers={"webhook-id": event_id, "content-type": "application/json"})
-                response = connection.getresponse()
-                response.read()
-                if 200 <= response.status < 300:
-                    sent.append(event_id)
-            if sent:
-                sql(f"UPDATE outbox_deliveries SET sent_at = now() WHERE endpoint = 'default' "
-                    f"AND event_id IN ({','.join(sent)}) AND sent_at IS NULL")
-            delivered_by[index] += len(sent)
+        delivered_by[index] = run_sql_claimer(lambda: sql(claim_sql(20, 5000)), mark_sent, enqueued)
 
     threads = [threading.Thread(target=replica, args=(i,)) for i in range(2)]
     for thread in threads:
@@ -419,9 +440,6 @@ def ordered_immediate_stop(receiver):
     return rolled_back, "pg_ctl stop -m immediate, start (40 keys)", None
 
 
-MARK_SENT = open(os.path.join(os.path.dirname(__file__), "..", "sql", "mark_sent.sql")).read()
-
-
 def ordered_sql_claimer(receiver):
     """A SQL client sequences, claims and marks sent with the workers' own statements, beside
     the two workers, on the same ordered endpoint."""
@@ -429,32 +447,13 @@ def ordered_sql_claimer(receiver):
     receiver.reset(delay=0.01)
     enqueued = threading.Event()
     delivered = [0]
-    mark_sent = "".join(l for l in MARK_SENT.splitlines(True) if not l.startswith("--")) \
-        .replace("@extschema@", "public") \
-        .replace("$3", "(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')")
+
+    def claim():
+        sql("SELECT outbox_sequence('default')")
+        return sql(claim_sql(20, 10000))
 
     def claimer():
-        connection = http.client.HTTPConnection("127.0.0.1", RECEIVER_PORT, timeout=10)
-        while True:
-            sql("SELECT outbox_sequence('default')")
-            rows = [line.split("|", 3) for line in sql(claim_sql(20, 10000)).splitlines() if line]
-            if not rows:
-                if enqueued.is_set() and sql("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NULL") == "0":
-                    return
-                time.sleep(0.01)
-                continue
-            sent = []
-            for _endpoint, event_id, _attempts, body in rows:
-                connection.request("POST", "/events", body=body,
-                                   headers={"webhook-id": event_id, "content-type": "application/json"})
-                response = connection.getresponse()
-                response.read()
-                if 200 <= response.status < 300:
-                    sent.append(event_id)
-            if sent:
-                sql(mark_sent.replace("$1", "'{" + ",".join("default" for _ in sent) + "}'::text[]")
-                    .replace("$2", "'{" + ",".join(sent) + "}'::bigint[]"))
-            delivered[0] += len(sent)
+        delivered[0] = run_sql_claimer(claim, mark_sent, enqueued, pause=0.01)
 
     thread = threading.Thread(target=claimer)
     thread.start()
