@@ -437,6 +437,24 @@ LANGUAGE c
 VOLATILE PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'outbox_workers_wrapper';
 
+-- Written in Rust: monitoring counters in shared memory, since the server started. Attempts
+-- per relay worker and outcome class (2xx, 4xx, 5xx, other_status, timeout, unreachable);
+-- events enqueued by committed transactions. See monitoring/ and the README's "Monitoring".
+CREATE OR REPLACE FUNCTION @extschema@.outbox_worker_attempts()
+RETURNS TABLE (
+    worker integer,
+    outcome text,
+    attempts bigint)
+LANGUAGE c
+VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'outbox_worker_attempts_wrapper';
+
+CREATE OR REPLACE FUNCTION @extschema@.outbox_enqueued()
+RETURNS bigint
+LANGUAGE c
+VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'outbox_enqueued_wrapper';
+
 -- The patterns that match a topic: '*', the topic itself, and 'prefix.*' at each dot
 -- ('order.a.b' gives {*, order.a.b, order.*, order.a.*}). An endpoint is subscribed to an
 -- event when its topics share one with them (&&): one array comparison per endpoint, the
@@ -643,6 +661,8 @@ $$;
 -- PostgreSQL lets PUBLIC execute every new function; take that back.
 REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_workers() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_worker_attempts() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_enqueued() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_topic_patterns(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_mark_processed(bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_requeue(bigint, text) FROM PUBLIC;

@@ -7,6 +7,7 @@ use pgrx::spi::OwnedPreparedStatement;
 use pgrx::PgSqlErrorCode::{self, ERRCODE_INVALID_PARAMETER_VALUE, ERRCODE_NULL_VALUE_NOT_ALLOWED};
 
 use crate::catalog::{Installation, LIBRARY_VERSION};
+use crate::delivery::OutcomeClass;
 use crate::settings::MAX_PAYLOAD_BYTES;
 use crate::worker::{registry, wake};
 
@@ -24,10 +25,9 @@ fn enqueue(topic: Option<&str>, payload: Option<JsonbArg>, key: Option<&str>, de
     let topic = match topic {
         None => reject(ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_enqueue: topic must not be null".into()),
         Some(t) if t.trim().is_empty() => reject(ERRCODE_INVALID_PARAMETER_VALUE, "outbox_enqueue: topic must not be empty".into()),
-        Some(t) if t.len() > MAX_TOPIC_BYTES => reject(
-            ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("outbox_enqueue: topic is {} bytes, more than {MAX_TOPIC_BYTES}", t.len()),
-        ),
+        Some(t) if t.len() > MAX_TOPIC_BYTES => {
+            reject(ERRCODE_INVALID_PARAMETER_VALUE, format!("outbox_enqueue: topic is {} bytes, more than {MAX_TOPIC_BYTES}", t.len()))
+        }
         Some(t) => t,
     };
     let Some(payload) = payload else {
@@ -109,6 +109,33 @@ fn outbox_workers() -> TableIterator<
         })
         .collect();
     TableIterator::new(rows)
+}
+
+/// Attempts per relay worker slot and outcome class since the server started, for
+/// monitoring: counters that never go backwards while the server runs (a worker that restarts
+/// keeps its slot's counts). Every class of every slot ever used is listed, zeros included,
+/// so that a series exists before its first attempt. Declared in `sql/api.sql`.
+#[pg_extern(sql = false)]
+fn outbox_worker_attempts() -> TableIterator<'static, (name!(worker, i32), name!(outcome, String), name!(attempts, i64))> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rows: Vec<_> = registry::slots()
+        .iter()
+        .enumerate()
+        .filter(|(_, slot)| slot.running_procno().is_some() || slot.attempts.iter().any(|n| n.load(Relaxed) > 0))
+        .flat_map(|(index, slot)| {
+            OutcomeClass::ALL
+                .iter()
+                .map(move |class| (index as i32 + 1, class.label().to_string(), slot.attempts[*class as usize].load(Relaxed)))
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+/// Events enqueued by transactions that committed, since the server started. Declared in
+/// `sql/api.sql`.
+#[pg_extern(sql = false)]
+fn outbox_enqueued() -> i64 {
+    registry::enqueued()
 }
 
 /// The statements of `outbox_enqueue`, prepared once per session against the extension's own
@@ -197,8 +224,7 @@ impl IntoDatum for JsonbArg {
 
 unsafe impl SqlTranslatable for JsonbArg {
     const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbArg);
-    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
-        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin = pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
     const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
     const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
 }

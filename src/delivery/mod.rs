@@ -16,7 +16,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 
 pub use backoff::retry_delay;
 pub use doorbell::Doorbell;
-pub use outcome::{one_line, Outcome, MAX_ERROR_BYTES};
+pub use outcome::{one_line, Outcome, OutcomeClass, MAX_ERROR_BYTES};
 pub use sender::Sender;
 pub use signing::SigningKey;
 

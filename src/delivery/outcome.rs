@@ -35,9 +35,7 @@ impl Outcome {
         let text = match self {
             Outcome::Delivered => None,
             Outcome::Rejected { status, retry_after: None } => Some(format!("HTTP {status}")),
-            Outcome::Rejected { status, retry_after: Some(after) } => {
-                Some(format!("HTTP {status} (Retry-After {}s)", after.as_secs()))
-            }
+            Outcome::Rejected { status, retry_after: Some(after) } => Some(format!("HTTP {status} (Retry-After {}s)", after.as_secs())),
             Outcome::TimedOut => Some("timeout".to_string()),
             Outcome::Unreachable(reason) => Some(format!("unreachable: {reason}")),
         };
@@ -49,6 +47,53 @@ impl Outcome {
         match self {
             Outcome::Rejected { retry_after, .. } => *retry_after,
             _ => None,
+        }
+    }
+
+    /// What the workers count attempts by (`outbox_worker_attempts()`).
+    pub fn class(&self) -> OutcomeClass {
+        match self {
+            Outcome::Delivered => OutcomeClass::Success,
+            Outcome::Rejected { status: 400..=499, .. } => OutcomeClass::ClientError,
+            Outcome::Rejected { status: 500..=599, .. } => OutcomeClass::ServerError,
+            Outcome::Rejected { .. } => OutcomeClass::OtherStatus,
+            Outcome::TimedOut => OutcomeClass::Timeout,
+            Outcome::Unreachable(_) => OutcomeClass::Unreachable,
+        }
+    }
+}
+
+/// An attempt's outcome as an operator counts it: a few classes, so that a metric labelled
+/// with it stays small whatever receivers answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeClass {
+    Success,
+    ClientError,
+    ServerError,
+    /// A status that is neither 2xx, 4xx nor 5xx (redirects are not followed).
+    OtherStatus,
+    Timeout,
+    Unreachable,
+}
+
+impl OutcomeClass {
+    pub const ALL: [OutcomeClass; 6] = [
+        OutcomeClass::Success,
+        OutcomeClass::ClientError,
+        OutcomeClass::ServerError,
+        OutcomeClass::OtherStatus,
+        OutcomeClass::Timeout,
+        OutcomeClass::Unreachable,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            OutcomeClass::Success => "2xx",
+            OutcomeClass::ClientError => "4xx",
+            OutcomeClass::ServerError => "5xx",
+            OutcomeClass::OtherStatus => "other_status",
+            OutcomeClass::Timeout => "timeout",
+            OutcomeClass::Unreachable => "unreachable",
         }
     }
 }
@@ -86,6 +131,27 @@ mod tests {
 
     fn now() -> SystemTime {
         httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap()
+    }
+
+    #[test]
+    fn attempts_are_counted_by_status_class_timeout_and_unreachable() {
+        let cases = [
+            (Outcome::Delivered, "2xx"),
+            (Outcome::from_status(404, None, now()), "4xx"),
+            (Outcome::from_status(429, Some("5"), now()), "4xx"),
+            (Outcome::from_status(503, None, now()), "5xx"),
+            (Outcome::from_status(302, None, now()), "other_status"),
+            (Outcome::from_status(999, None, now()), "other_status"),
+            (Outcome::TimedOut, "timeout"),
+            (Outcome::Unreachable("connection refused".into()), "unreachable"),
+        ];
+        for (outcome, label) in cases {
+            assert_eq!(outcome.class().label(), label, "{outcome:?}");
+        }
+        // Each class is where ALL says, so a counter array indexed by it is labelled right.
+        for (index, class) in OutcomeClass::ALL.iter().enumerate() {
+            assert_eq!(*class as usize, index);
+        }
     }
 
     #[test]
@@ -153,10 +219,7 @@ mod tests {
     #[test]
     fn transport_failures_have_readable_errors() {
         assert_eq!(Outcome::TimedOut.last_error().unwrap(), "timeout");
-        assert_eq!(
-            Outcome::Unreachable("connection refused".into()).last_error().unwrap(),
-            "unreachable: connection refused"
-        );
+        assert_eq!(Outcome::Unreachable("connection refused".into()).last_error().unwrap(), "unreachable: connection refused");
         assert_eq!(Outcome::Delivered.last_error(), None);
     }
 }

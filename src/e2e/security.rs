@@ -213,7 +213,8 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
     let dead: i64 = db.as_role("operator", "SELECT dead FROM outbox_stats()").unwrap()[0].get(0);
     assert_eq!(dead, 1);
     assert_eq!(db.as_role("operator", "SELECT * FROM outbox_workers()").unwrap().len(), 2);
-    let error: Option<String> = db.as_role("operator", &format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}")).unwrap()[0].get(0);
+    let error: Option<String> =
+        db.as_role("operator", &format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}")).unwrap()[0].get(0);
     assert_eq!(error, None);
     let skipped: bool = db.as_role("operator", &format!("SELECT outbox_skip('default', {id})")).unwrap()[0].get(0);
     assert!(!skipped, "a dead delivery of an unordered endpoint blocks no key");
@@ -234,6 +235,30 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
         "SELECT outbox_mark_processed(1)",
     ] {
         refused(&mut db, "operator", sql);
+    }
+}
+
+#[test]
+fn the_monitoring_recipe_reads_the_numbers_and_nothing_else() {
+    let mut db = db();
+    db.fresh_role("monitor");
+    db.execute(
+        "GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_endpoint_stats(), outbox_workers(), outbox_worker_attempts(),
+               outbox_enqueued() TO monitor",
+    );
+    db.enqueue("seen", "{}");
+    // What monitoring/queries.yaml asks.
+    for sql in [
+        "SELECT outbox_enqueued(), s.sent, s.unrouted, (SELECT count(*) FROM outbox_workers()) FROM outbox_stats() AS s",
+        "SELECT endpoint, pending, waiting, dead, blocked_keys, oldest_pending_age, failing_since, disabled_at FROM outbox_endpoint_stats()",
+        "SELECT worker, outcome, attempts FROM outbox_worker_attempts()",
+    ] {
+        db.as_role("monitor", sql).unwrap_or_else(|e| panic!("the monitoring role runs {sql}: {e}"));
+    }
+    let outcomes: i64 = db.as_role("monitor", "SELECT count(*) FROM outbox_worker_attempts() WHERE worker = 1").unwrap()[0].get(0);
+    assert_eq!(outcomes, 6, "every outcome class of a running worker is listed, zeros included");
+    for sql in ["SELECT * FROM outbox", "SELECT outbox_requeue(1)", "SELECT outbox_enqueue('t', '{}')", "SELECT * FROM outbox_deliveries"] {
+        refused(&mut db, "monitor", sql);
     }
 }
 

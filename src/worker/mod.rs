@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 
-pub use queue::Queries;
+use endpoints::Endpoints;
 #[cfg(test)]
 pub use queue::claim_batch_sql;
-use endpoints::Endpoints;
 use queue::DeadDelivery;
+pub use queue::Queries;
 use transaction::TransactionError;
 
 use crate::catalog::LIBRARY_VERSION;
@@ -298,10 +298,12 @@ impl Relay {
     /// own (kept and retried if it fails), then failures (left to their lease if that fails).
     /// True if an acknowledgement made the next delivery of an ordered key claimable.
     fn record_finished(&mut self, queries: &Queries, finished: Vec<Attempt>) -> Result<bool, Stop> {
-        let (delivered, failed): (Vec<&Attempt>, Vec<&Attempt>) =
-            finished.iter().partition(|a| a.outcome == Outcome::Delivered);
+        let (delivered, failed): (Vec<&Attempt>, Vec<&Attempt>) = finished.iter().partition(|a| a.outcome == Outcome::Delivered);
         self.slot.delivered.fetch_add(delivered.len() as i64, Ordering::Relaxed);
         self.slot.failed.fetch_add(failed.len() as i64, Ordering::Relaxed);
+        for attempt in &finished {
+            self.slot.attempts[attempt.outcome.class() as usize].fetch_add(1, Ordering::Relaxed);
+        }
         self.slot.in_flight.store(self.sender.in_flight() as i64, Ordering::Relaxed);
 
         self.unrecorded_acks.extend(delivered.iter().map(|a| (a.endpoint.clone(), a.id)));

@@ -7,6 +7,7 @@ use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
 use pgrx::{pg_shmem_init, PgAtomic};
 
+use crate::delivery::OutcomeClass;
 use crate::settings::MAX_WORKERS;
 
 const NO_PROC: i32 = -1;
@@ -20,6 +21,9 @@ pub struct WorkerSlot {
     pub in_flight: AtomicI64,
     pub delivered: AtomicI64,
     pub failed: AtomicI64,
+    /// Attempts by outcome class (indexed by `OutcomeClass as usize`) since the server started:
+    /// kept when the worker restarts, so they never go backwards (monitoring counters).
+    pub attempts: [AtomicI64; OutcomeClass::ALL.len()],
 }
 
 unsafe impl PGRXSharedMemory for WorkerSlot {}
@@ -33,6 +37,7 @@ impl WorkerSlot {
             in_flight: AtomicI64::new(0),
             delivered: AtomicI64::new(0),
             failed: AtomicI64::new(0),
+            attempts: std::array::from_fn(|_| AtomicI64::new(0)),
         }
     }
 
@@ -48,6 +53,8 @@ pub struct Shared {
     /// How many DROP DATABASE or ALTER DATABASE … RENAME commands of the served database are
     /// running: while any is, the relay workers leave it at once and the launcher starts none.
     leaving_database: AtomicI32,
+    /// Events enqueued by transactions that committed, since the server started.
+    enqueued: AtomicI64,
 }
 
 unsafe impl PGRXSharedMemory for Shared {}
@@ -59,10 +66,13 @@ static READY: AtomicBool = AtomicBool::new(false);
 
 /// Called from `_PG_init` while shared_preload_libraries is being processed.
 pub fn init_shared_memory() {
-    pg_shmem_init!(SHARED = Shared {
-        slots: std::array::from_fn(|_| WorkerSlot::empty()),
-        leaving_database: AtomicI32::new(0),
-    });
+    pg_shmem_init!(
+        SHARED = Shared {
+            slots: std::array::from_fn(|_| WorkerSlot::empty()),
+            leaving_database: AtomicI32::new(0),
+            enqueued: AtomicI64::new(0),
+        }
+    );
     READY.store(true, Ordering::Relaxed);
 }
 
@@ -92,6 +102,23 @@ pub fn end_leaving_database(requests: i32) {
     }
 }
 
+/// Counts the events of a transaction that just committed.
+pub fn count_enqueued(events: i64) {
+    if READY.load(Ordering::Relaxed) {
+        SHARED.get().enqueued.fetch_add(events, Ordering::Relaxed);
+    }
+}
+
+/// Events enqueued by committed transactions since the server started (0 when the library was
+/// not preloaded).
+pub fn enqueued() -> i64 {
+    if READY.load(Ordering::Relaxed) {
+        SHARED.get().enqueued.load(Ordering::Relaxed)
+    } else {
+        0
+    }
+}
+
 /// The pid of a live process holding slot `number` (counting from 1), if any: a launcher that
 /// was restarted finds the workers its predecessor started.
 pub fn live_worker(number: usize) -> Option<i32> {
@@ -101,7 +128,7 @@ pub fn live_worker(number: usize) -> Option<i32> {
 }
 
 /// The calling worker's slot (`number` counts from 1), marked as running, its counters from
-/// zero.
+/// zero (but not `attempts`, which count since the server started).
 pub fn claim_slot(number: usize) -> &'static WorkerSlot {
     let slot = &SHARED.get().slots[number - 1];
     slot.in_flight.store(0, Ordering::Relaxed);

@@ -1,28 +1,30 @@
 //! Waking relay workers the moment an enqueuing transaction commits.
 //!
 //! Each worker publishes its PGPROC number in its registry slot; `outbox_enqueue` arms a
-//! transaction callback that sets those workers' latches at commit. A rolled-back transaction
-//! wakes nobody. Polling (`outbox.poll_interval`) remains the fallback, e.g. after a
+//! transaction callback that sets those workers' latches at commit (and counts the
+//! transaction's events for `outbox_enqueued()`). A rolled-back transaction wakes nobody and
+//! counts nothing. Polling (`outbox.poll_interval`) remains the fallback, e.g. after a
 //! two-phase commit or on a server where the library is not preloaded.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use pgrx::prelude::*;
 
 use super::registry;
 
-// Per backend: has this transaction enqueued, and is the callback installed yet?
-static WAKE_AT_COMMIT: AtomicBool = AtomicBool::new(false);
+// Per backend: how many events this transaction enqueued, and is the callback installed yet?
+static ENQUEUED_IN_TRANSACTION: AtomicI64 = AtomicI64::new(0);
 static CALLBACK_INSTALLED: AtomicBool = AtomicBool::new(false);
 
-/// Arranges for the workers to be woken if the current transaction commits.
+/// Arranges for the workers to be woken, and the event counted, if the current transaction
+/// commits. (An event rolled back to a savepoint is counted too.)
 pub fn wake_workers_at_commit() {
     if registry::slots().is_empty() {
         return;
     }
-    WAKE_AT_COMMIT.store(true, Ordering::Relaxed);
+    ENQUEUED_IN_TRANSACTION.fetch_add(1, Ordering::Relaxed);
     if !CALLBACK_INSTALLED.swap(true, Ordering::Relaxed) {
         unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
     }
@@ -33,12 +35,14 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     use pg_sys::XactEvent::*;
     match event {
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => {
-            if WAKE_AT_COMMIT.swap(false, Ordering::Relaxed) {
+            let events = ENQUEUED_IN_TRANSACTION.swap(0, Ordering::Relaxed);
+            if events > 0 {
+                registry::count_enqueued(events);
                 wake_all_workers();
             }
         }
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {
-            WAKE_AT_COMMIT.store(false, Ordering::Relaxed);
+            ENQUEUED_IN_TRANSACTION.store(0, Ordering::Relaxed);
         }
         _ => {}
     }
@@ -65,9 +69,8 @@ pub fn wait(doorbell: Option<RawFd>, timeout: Duration) -> Wakeup {
         events |= pg_sys::WL_SOCKET_READABLE;
     }
     let socket = doorbell.unwrap_or(pg_sys::PGINVALID_SOCKET);
-    let rc = unsafe {
-        pg_sys::WaitLatchOrSocket(pg_sys::MyLatch, events as i32, socket, timeout.as_millis() as _, pg_sys::PG_WAIT_EXTENSION)
-    };
+    let rc =
+        unsafe { pg_sys::WaitLatchOrSocket(pg_sys::MyLatch, events as i32, socket, timeout.as_millis() as _, pg_sys::PG_WAIT_EXTENSION) };
     let latch = rc & pg_sys::WL_LATCH_SET as i32 != 0;
     if latch {
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Monitoring, end to end: the alert rules checked and unit tested with promtool; then the real
+# prometheus-postgres-exporter with monitoring/queries.yaml against a throwaway cluster whose
+# workers deliver to a receiver on 127.0.0.1 (one endpoint answering 204, one 503, one down),
+# scraped over 127.0.0.1 and checked by monitoring/check_metrics.py. Run by scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh prometheus prometheus-postgres-exporter
+. scripts/cluster.sh
+install_extension >/dev/null
+
+echo "== alert rules"
+promtool check rules monitoring/alerts.yml
+promtool test rules monitoring/alerts.test.yml
+
+DIR=$(mktemp -d /tmp/outbox-monitoring.XXXXXX)
+chmod 755 "$DIR"
+PORT=54353
+RECEIVER_PORT=8796
+EXPORTER_PORT=9188
+exporter=
+cleanup() {
+  [ -z "$exporter" ] || kill "$exporter" 2>/dev/null || true
+  stop_cluster
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "== the exporter against a cluster"
+start_cluster "$DIR/pg" "$PORT" "outbox.workers = 2" "outbox.poll_interval = '200ms'" \
+  "outbox.webhook_url = 'http://127.0.0.1:$RECEIVER_PORT/ok'"
+psql_cluster -q -c "CREATE EXTENSION outbox_ext" \
+  -c "SELECT outbox_endpoint_set('failing', 'http://127.0.0.1:$RECEIVER_PORT/fail', max_attempts => 2)" \
+  -c "SELECT outbox_endpoint_set('down', 'http://127.0.0.1:9/', max_attempts => 1000)" >/dev/null
+DATA_SOURCE_NAME="postgresql://postgres@127.0.0.1:$PORT/postgres?sslmode=disable" \
+  prometheus-postgres-exporter --web.listen-address="127.0.0.1:$EXPORTER_PORT" \
+  --extend.query-path=monitoring/queries.yaml --disable-default-metrics --disable-settings-metrics \
+  >"$DIR/exporter.log" 2>&1 &
+exporter=$!
+MONITORING_PGPORT=$PORT MONITORING_RECEIVER_PORT=$RECEIVER_PORT \
+  MONITORING_METRICS_URL="http://127.0.0.1:$EXPORTER_PORT/metrics" python3 monitoring/check_metrics.py ||
+  { echo "exporter log:" >&2; tail -n 20 "$DIR/exporter.log" >&2; exit 1; }
