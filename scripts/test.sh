@@ -4,7 +4,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Released install scripts are frozen: sql/released.sha256 holds the digest of each (a release
+# adds its line), and every one in sql/ must be listed and unchanged.
+for script in sql/outbox_ext--*.sql; do
+  case "$script" in *--*--*) continue ;; esac
+  grep -q " $script\$" sql/released.sha256 ||
+    { echo "test: $script is not in sql/released.sha256: add its digest when releasing it" >&2; exit 1; }
+done
+sha256sum --quiet -c sql/released.sha256 ||
+  { echo "test: a released install script was edited; ship the change in an update script instead" >&2; exit 1; }
+
 scripts/setup.sh
+
+# The code's habits: formatted as rustfmt.toml says, and no clippy warning.
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
+
 . scripts/cluster.sh
 install_released_scripts
 assemble_update_scripts
@@ -26,6 +41,9 @@ faults/run.sh
 
 # The pull-consumer clients in Python, Node and Java, through the same scenarios.
 clients/test.sh
+
+# Alert rules under promtool, and the real Prometheus exporter scraped over 127.0.0.1.
+monitoring/test.sh
 
 # The update scripts ship as assembled (cargo pgrx install copies them from sql/): the
 # committed ones must be what their sources give, which the tests above just ran.

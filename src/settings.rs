@@ -29,44 +29,125 @@ pub fn register() {
     let none = GucFlags::empty();
     let ms = GucFlags::UNIT_MS;
 
-    GucRegistry::define_string_guc(c"outbox.database", c"Database the relay workers serve.",
+    GucRegistry::define_string_guc(
+        c"outbox.database",
+        c"Database the relay workers serve.",
         c"The workers connect to this database and deliver the events of the outbox_ext extension installed there.",
-        &DATABASE, Postmaster, none);
-    GucRegistry::define_int_guc(c"outbox.workers", c"Relay workers started at server start.",
+        &DATABASE,
+        Postmaster,
+        none,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.workers",
+        c"Relay workers started at server start.",
         c"Each worker claims and delivers events on its own; they share the queue through row locks.",
-        &WORKERS, 0, MAX_WORKERS as i32, Postmaster, none);
+        &WORKERS,
+        0,
+        MAX_WORKERS as i32,
+        Postmaster,
+        none,
+    );
     // Superuser-only to read: a URL may carry credentials or a token.
-    GucRegistry::define_string_guc(c"outbox.webhook_url", c"URL of the endpoint default, when its url is null.",
+    GucRegistry::define_string_guc(
+        c"outbox.webhook_url",
+        c"URL of the endpoint default, when its url is null.",
         c"http:// or https://. Empty means the default endpoint's deliveries wait.",
-        &WEBHOOK_URL, Sighup, GucFlags::SUPERUSER_ONLY);
+        &WEBHOOK_URL,
+        Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
     // Still declared so that nobody but a superuser can read a value left in postgresql.conf
     // (an undeclared one would be readable by every role), and so that ALTER EXTENSION
     // outbox_ext UPDATE from 0.1.0 can copy it into the default endpoint's secrets.
-    GucRegistry::define_string_guc(c"outbox.signing_secret", c"No longer used (0.1.0's signing secret).",
+    GucRegistry::define_string_guc(
+        c"outbox.signing_secret",
+        c"No longer used (0.1.0's signing secret).",
         c"Read once, by the update from 0.1.0; use outbox_endpoint_rotate_secret() and remove this setting.",
-        &SIGNING_SECRET, Sighup, GucFlags::SUPERUSER_ONLY);
-    GucRegistry::define_int_guc(c"outbox.batch_size", c"Most events one claim takes.",
-        c"", &BATCH_SIZE, 1, 10_000, Sighup, none);
-    GucRegistry::define_int_guc(c"outbox.concurrency", c"Most requests one worker has in flight.",
-        c"Requests share keep-alive connections to the receiver.", &CONCURRENCY, 1, 1_000, Sighup, none);
-    GucRegistry::define_int_guc(c"outbox.lease", c"How long a claimed event stays invisible to other claimers.",
+        &SIGNING_SECRET,
+        Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_int_guc(c"outbox.batch_size", c"Most events one claim takes.", c"", &BATCH_SIZE, 1, 10_000, Sighup, none);
+    GucRegistry::define_int_guc(
+        c"outbox.concurrency",
+        c"Most requests one worker has in flight.",
+        c"Requests share keep-alive connections to the receiver.",
+        &CONCURRENCY,
+        1,
+        1_000,
+        Sighup,
+        none,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.lease",
+        c"How long a claimed event stays invisible to other claimers.",
         c"If the worker dies, the event is claimed again once the lease runs out. Keep it above outbox.http_timeout.",
-        &LEASE_MS, 1_000, 24 * HOUR_MS, Sighup, ms);
-    GucRegistry::define_int_guc(c"outbox.max_attempts", c"Attempts before an event is marked dead.",
-        c"", &MAX_ATTEMPTS, 1, 1_000, Sighup, none);
-    GucRegistry::define_int_guc(c"outbox.http_timeout", c"Whole-request timeout of one delivery.",
-        c"Connect, send and read the answer must all finish within it.", &HTTP_TIMEOUT_MS, 10, HOUR_MS, Sighup, ms);
-    GucRegistry::define_int_guc(c"outbox.poll_interval", c"Fallback poll when no commit woke the worker.",
-        c"", &POLL_INTERVAL_MS, 10, HOUR_MS, Sighup, ms);
-    GucRegistry::define_int_guc(c"outbox.retention", c"How long sent events are kept before the workers delete them.",
+        &LEASE_MS,
+        1_000,
+        24 * HOUR_MS,
+        Sighup,
+        ms,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.max_attempts",
+        c"Attempts before an event is marked dead.",
+        c"",
+        &MAX_ATTEMPTS,
+        1,
+        1_000,
+        Sighup,
+        none,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.http_timeout",
+        c"Whole-request timeout of one delivery.",
+        c"Connect, send and read the answer must all finish within it.",
+        &HTTP_TIMEOUT_MS,
+        10,
+        HOUR_MS,
+        Sighup,
+        ms,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.poll_interval",
+        c"Fallback poll when no commit woke the worker.",
+        c"",
+        &POLL_INTERVAL_MS,
+        10,
+        HOUR_MS,
+        Sighup,
+        ms,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.retention",
+        c"How long sent events are kept before the workers delete them.",
         c"0 keeps them forever. Dead and pending events are never deleted.",
-        &RETENTION_S, 0, i32::MAX, Sighup, GucFlags::UNIT_S);
-    GucRegistry::define_int_guc(c"outbox.endpoint_disable_after", c"An endpoint failing without a success this long is disabled.",
+        &RETENTION_S,
+        0,
+        i32::MAX,
+        Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.endpoint_disable_after",
+        c"An endpoint failing without a success this long is disabled.",
         c"Its deliveries wait until outbox_endpoint_enable(). 0 never disables an endpoint.",
-        &ENDPOINT_DISABLE_AFTER_S, 0, i32::MAX, Sighup, GucFlags::UNIT_S);
-    GucRegistry::define_int_guc(c"outbox.max_payload_bytes", c"Largest payload outbox_enqueue accepts.",
+        &ENDPOINT_DISABLE_AFTER_S,
+        0,
+        i32::MAX,
+        Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.max_payload_bytes",
+        c"Largest payload outbox_enqueue accepts.",
         c"Measured as the payload's JSON text, which is what the receiver gets.",
-        &MAX_PAYLOAD_BYTES, 1, i32::MAX, Suset, GucFlags::UNIT_BYTE);
+        &MAX_PAYLOAD_BYTES,
+        1,
+        i32::MAX,
+        Suset,
+        GucFlags::UNIT_BYTE,
+    );
 }
 
 pub fn database() -> String {

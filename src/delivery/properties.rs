@@ -80,7 +80,7 @@ proptest! {
         header in ".{0,20}",
     ) {
         let headers = [("x-token".to_string(), header)];
-        match Target::new(&url, &[secret.clone()], &headers, Duration::from_secs(1)) {
+        match Target::new(&url, std::slice::from_ref(&secret), &headers, Duration::from_secs(1)) {
             Ok(target) => {
                 prop_assert!(matches!(target.url.scheme(), "http" | "https"));
                 prop_assert!(url.trim().len() <= MAX_URL_BYTES && !url.trim().is_empty());

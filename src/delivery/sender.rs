@@ -29,11 +29,7 @@ impl Sender {
         // with every signal blocked, so its threads (and the ones they start) never run a
         // PostgreSQL signal handler, not even for an instant after they start.
         let runtime = with_signals_blocked(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("outbox-http")
-                .enable_all()
-                .build()
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("outbox-http").enable_all().build()
         })
         .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
         let client = reqwest::Client::builder()
@@ -50,8 +46,7 @@ impl Sender {
 
     /// Starts one attempt; its result comes back through `take_finished`.
     pub fn send(&mut self, target: &Arc<Target>, event: Event) {
-        let (client, target, done, bell) =
-            (self.client.clone(), target.clone(), self.finished_tx.clone(), self.doorbell.clone());
+        let (client, target, done, bell) = (self.client.clone(), target.clone(), self.finished_tx.clone(), self.doorbell.clone());
         self.in_flight += 1;
         *self.in_flight_to.entry(event.endpoint.clone()).or_default() += 1;
         self.runtime.spawn(async move {
@@ -176,9 +171,7 @@ mod tests {
     fn runtime_threads_have_every_signal_blocked_and_the_caller_keeps_its_mask() {
         let sender = Sender::new().unwrap();
         let on_runtime = sender.runtime.block_on(async {
-            tokio::spawn(async { [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGINT].map(blocked_on_this_thread) })
-                .await
-                .unwrap()
+            tokio::spawn(async { [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGINT].map(blocked_on_this_thread) }).await.unwrap()
         });
         assert_eq!(on_runtime, [true; 4]);
         assert!(!blocked_on_this_thread(libc::SIGUSR1), "the creating thread's mask is restored");

@@ -13,12 +13,8 @@ pub struct SigningKey(Vec<u8>);
 
 impl SigningKey {
     pub fn parse(secret: &str) -> Result<SigningKey, String> {
-        let encoded = secret
-            .strip_prefix(SECRET_PREFIX)
-            .ok_or_else(|| format!("the secret must start with \"{SECRET_PREFIX}\""))?;
-        let key = BASE64
-            .decode(encoded)
-            .map_err(|e| format!("the part after \"{SECRET_PREFIX}\" is not valid base64 ({e})"))?;
+        let encoded = secret.strip_prefix(SECRET_PREFIX).ok_or_else(|| format!("the secret must start with \"{SECRET_PREFIX}\""))?;
+        let key = BASE64.decode(encoded).map_err(|e| format!("the part after \"{SECRET_PREFIX}\" is not valid base64 ({e})"))?;
         if key.is_empty() {
             return Err(format!("the part after \"{SECRET_PREFIX}\" is empty"));
         }
@@ -52,10 +48,7 @@ mod tests {
     fn matches_the_standard_webhooks_test_vector() {
         let key = SigningKey::parse("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD").unwrap();
         let body = br#"{"email":"test@example.com","username":"test_user"}"#;
-        assert_eq!(
-            key.sign("msg_27UH4WbU6Z5A5EzD8u03UvzRbpk", 1649367553, body),
-            "v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw="
-        );
+        assert_eq!(key.sign("msg_27UH4WbU6Z5A5EzD8u03UvzRbpk", 1649367553, body), "v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw=");
     }
 
     #[test]

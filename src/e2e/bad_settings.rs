@@ -16,9 +16,7 @@ fn unusable_settings_deliver_nothing_lose_nothing_and_crash_nothing() {
     assert_eq!(db.worker_pids(), pids, "no worker crashed or restarted");
 
     db.configure(&[("outbox.webhook_url", &receiver.url)]);
-    wait_until("everything kept is delivered once the settings are fixed", Duration::from_secs(10), || {
-        db.count("sent_at IS NULL") == 0
-    });
+    wait_until("everything kept is delivered once the settings are fixed", Duration::from_secs(10), || db.count("sent_at IS NULL") == 0);
     for id in ids {
         // A claim under the unusable settings would have counted an attempt (and leased the
         // row for 30 s, past the wait above).

@@ -6,11 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-pub const POSTGRESQL_CONF: &[&str] = &[
-    "shared_preload_libraries = 'outbox_ext'",
-    "outbox.database = 'pgrx_tests'",
-    "outbox.workers = 2",
-];
+pub const POSTGRESQL_CONF: &[&str] = &["shared_preload_libraries = 'outbox_ext'", "outbox.database = 'pgrx_tests'", "outbox.workers = 2"];
 
 /// The settings tests change; each test starts with them at their defaults.
 const CHANGED_SETTINGS: &[&str] = &[
@@ -118,10 +114,7 @@ impl Db {
     }
 
     pub fn enqueue(&mut self, topic: &str, payload: &str) -> i64 {
-        self.client
-            .query_one("SELECT outbox_enqueue($1, $2::text::jsonb)", &[&topic, &payload])
-            .expect("outbox_enqueue")
-            .get(0)
+        self.client.query_one("SELECT outbox_enqueue($1, $2::text::jsonb)", &[&topic, &payload]).expect("outbox_enqueue").get(0)
     }
 
     /// Applies `settings` with ALTER SYSTEM and waits until every worker has reloaded them.
@@ -134,9 +127,7 @@ impl Db {
     }
 
     fn reload_settings(&mut self) {
-        wait_until("both relay workers run", Duration::from_secs(30), || {
-            self.value::<i64>("SELECT count(*) FROM outbox_workers()") == 2
-        });
+        wait_until("both relay workers run", Duration::from_secs(30), || self.value::<i64>("SELECT count(*) FROM outbox_workers()") == 2);
         let before: SystemTime = self.value("SELECT clock_timestamp()");
         self.execute("SELECT pg_reload_conf()");
         wait_until("every worker reloaded its settings", Duration::from_secs(10), || {

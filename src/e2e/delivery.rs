@@ -32,9 +32,7 @@ fn a_delivery_carries_the_contract_headers_body_and_a_valid_signature() {
     let body = delivery.json();
     assert_eq!(body["type"], "order.placed");
     assert_eq!(body["data"], serde_json::json!({"order_id": 7, "total": 42.5}));
-    let created_at: String = db.value(&format!(
-        "SELECT to_json(created_at)#>>'{{}}' FROM outbox WHERE id = {id}"
-    ));
+    let created_at: String = db.value(&format!("SELECT to_json(created_at)#>>'{{}}' FROM outbox WHERE id = {id}"));
     assert_eq!(body["timestamp"], created_at.as_str(), "timestamp is created_at in RFC 3339");
     assert!(created_at.contains('T') && (created_at.ends_with('Z') || created_at[created_at.len() - 6..].starts_with(['+', '-'])));
 }
@@ -57,13 +55,8 @@ fn claims_are_served_by_the_partial_index() {
     db.execute("ANALYZE outbox; ANALYZE outbox_deliveries");
     let installation = Installation { schema: "public".into(), version: LIBRARY_VERSION.into(), oid: pgrx::pg_sys::InvalidOid };
     db.execute(&format!("BEGIN; PREPARE claim(text[], bigint[], float8[]) AS {}", claim_batch_sql(&installation)));
-    let plan: Vec<String> = db
-        .client
-        .query("EXPLAIN EXECUTE claim('{default}', '{100}', '{30000}')", &[])
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let plan: Vec<String> =
+        db.client.query("EXPLAIN EXECUTE claim('{default}', '{100}', '{30000}')", &[]).unwrap().iter().map(|row| row.get(0)).collect();
     db.execute("ROLLBACK; DEALLOCATE claim");
     let plan = plan.join("\n");
     assert!(plan.contains("outbox_deliveries_pending"), "the claim walks the outbox_deliveries_pending index:\n{plan}");

@@ -16,8 +16,16 @@ use super::receiver::{Receiver, Reply};
 /// that must result (`None`: delivered).
 const ANSWERS: &[(&str, &str, Option<&str>)] = &[
     ("good", "HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n", None),
-    ("huge.retry.after", "HTTP/1.1 503 Busy\r\nretry-after: 99999999999999\r\ncontent-length: 0\r\n\r\n", Some("HTTP 503 (Retry-After 3600s)")),
-    ("year.9999", "HTTP/1.1 503 Busy\r\nretry-after: Fri, 31 Dec 9999 23:59:59 GMT\r\ncontent-length: 0\r\n\r\n", Some("HTTP 503 (Retry-After 3600s)")),
+    (
+        "huge.retry.after",
+        "HTTP/1.1 503 Busy\r\nretry-after: 99999999999999\r\ncontent-length: 0\r\n\r\n",
+        Some("HTTP 503 (Retry-After 3600s)"),
+    ),
+    (
+        "year.9999",
+        "HTTP/1.1 503 Busy\r\nretry-after: Fri, 31 Dec 9999 23:59:59 GMT\r\ncontent-length: 0\r\n\r\n",
+        Some("HTTP 503 (Retry-After 3600s)"),
+    ),
     ("negative.retry.after", "HTTP/1.1 429 Slow\r\nretry-after: -5\r\ncontent-length: 0\r\n\r\n", Some("HTTP 429")),
     ("float.retry.after", "HTTP/1.1 503 Busy\r\nretry-after: 1e308\r\ncontent-length: 0\r\n\r\n", Some("HTTP 503")),
     ("status.999", "HTTP/1.1 999 Nonsense\r\ncontent-length: 0\r\n\r\n", Some("HTTP 999")),
@@ -190,7 +198,11 @@ fn an_error_in_a_workers_transaction_is_caught_and_its_acknowledgements_are_kept
             let row = db.client.query_one("SELECT attempts, last_error FROM outbox_deliveries WHERE event_id = $1", &[&id]).unwrap();
             (row.get(0), row.get(1))
         };
-        assert_eq!(receiver.deliveries_of(id).len(), 1, "event {id} was delivered exactly once (claimed {claims} times, last error {error:?})");
+        assert_eq!(
+            receiver.deliveries_of(id).len(),
+            1,
+            "event {id} was delivered exactly once (claimed {claims} times, last error {error:?})"
+        );
     }
     assert_eq!(db.worker_pids(), pids, "no worker crashed or restarted");
 }

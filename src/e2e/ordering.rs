@@ -103,7 +103,8 @@ fn a_failing_head_holds_back_only_its_key_and_a_dead_one_blocks_it_until_skipped
     db.execute(&format!("SELECT outbox_nack('jobs', {a1}, 2, 'boom again')"));
     db.execute(&format!("SELECT outbox_ack('jobs', {b2}, 1)"));
     let stats: (i64, i64, i64) = {
-        let row = db.client.query_one("SELECT dead, blocked_keys, waiting FROM outbox_endpoint_stats() WHERE endpoint = 'jobs'", &[]).unwrap();
+        let row =
+            db.client.query_one("SELECT dead, blocked_keys, waiting FROM outbox_endpoint_stats() WHERE endpoint = 'jobs'", &[]).unwrap();
         (row.get(0), row.get(1), row.get(2))
     };
     assert_eq!(stats, (1, 1, 3), "one dead, blocking one key, with two events behind it (and the leased free one)");

@@ -38,20 +38,16 @@ fn a_pull_endpoint_is_claimed_and_acked_over_sql_and_the_relay_never_claims_it()
     let receiver = Receiver::start(Reply::Status(204));
     db.configure(&[("outbox.webhook_url", &receiver.url)]);
     pull_endpoint(&mut db, "jobs", "{job.*}", "");
-    let jobs: Vec<i64> = (1..=5)
-        .map(|n| db.value(&format!("SELECT outbox_enqueue('job.email', '{{\"n\": {n}}}', key => 'k{n}')")))
-        .collect();
+    let jobs: Vec<i64> =
+        (1..=5).map(|n| db.value(&format!("SELECT outbox_enqueue('job.email', '{{\"n\": {n}}}', key => 'k{n}')"))).collect();
     // The workers deliver default's copy of the last job; claims come in id order, so by then
     // they have claimed past every pull delivery, had they been claiming those.
     wait_until("the webhook copy of the last job is sent", Duration::from_secs(10), || db.is_sent(jobs[4]));
     assert_eq!(db.count_to("jobs", "attempts = 0"), 5, "the relay workers never claim a pull endpoint");
 
-    let rows = db
-        .client
-        .query("SELECT event_id, topic, payload::text, key, attempt FROM outbox_claim('jobs', 3)", &[])
-        .expect("outbox_claim");
-    let first: Vec<(i64, String, String, String, i32)> =
-        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
+    let rows =
+        db.client.query("SELECT event_id, topic, payload::text, key, attempt FROM outbox_claim('jobs', 3)", &[]).expect("outbox_claim");
+    let first: Vec<(i64, String, String, String, i32)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
     assert_eq!(
         first,
         (0..3).map(|i| (jobs[i], "job.email".to_string(), format!("{{\"n\": {}}}", i + 1), format!("k{}", i + 1), 1)).collect::<Vec<_>>()
@@ -120,7 +116,9 @@ fn nack_backs_off_or_waits_retry_in_and_the_attempt_cap_makes_the_job_dead() {
     pull_endpoint(&mut db, "jobs", "{*}", ", max_attempts => 3");
     let id = db.enqueue("job", "{}");
     let due_in = |db: &mut Db| -> f64 {
-        db.value(&format!("SELECT extract(epoch FROM available_at - now())::float8 FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}"))
+        db.value(&format!(
+            "SELECT extract(epoch FROM available_at - now())::float8 FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}"
+        ))
     };
 
     assert_eq!(claim(&mut db.client, "jobs", 1, "30 s"), vec![(id, 1)]);
@@ -135,7 +133,8 @@ fn nack_backs_off_or_waits_retry_in_and_the_attempt_cap_makes_the_job_dead() {
     assert!((0.9..=2.0).contains(&delay), "second attempt backs off 1 to 2 s, not {delay}");
     assert!(claim(&mut db.client, "jobs", 1, "30 s").is_empty(), "not claimable while backing off");
     let health: (bool, String) = {
-        let row = db.client.query_one("SELECT failing_since IS NOT NULL, last_error FROM outbox_endpoints WHERE name = 'jobs'", &[]).unwrap();
+        let row =
+            db.client.query_one("SELECT failing_since IS NOT NULL, last_error FROM outbox_endpoints WHERE name = 'jobs'", &[]).unwrap();
         (row.get(0), row.get(1))
     };
     assert_eq!(health, (true, "timeout".to_string()));
@@ -144,7 +143,10 @@ fn nack_backs_off_or_waits_retry_in_and_the_attempt_cap_makes_the_job_dead() {
     assert_eq!(claim(&mut db.client, "jobs", 1, "30 s"), vec![(id, 3)]);
     assert!(answer(&mut db, &format!("outbox_nack('jobs', {id}, 3, E'boom\\nline two')")), "the nack that reaches the cap");
     assert!(db.value::<bool>(&format!("SELECT dead_at IS NOT NULL FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}")));
-    assert_eq!(db.value::<String>(&format!("SELECT last_error FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}")), "boom line two");
+    assert_eq!(
+        db.value::<String>(&format!("SELECT last_error FROM outbox_deliveries WHERE endpoint = 'jobs' AND event_id = {id}")),
+        "boom line two"
+    );
     assert_eq!(db.value::<i64>("SELECT dead FROM outbox_stats()"), 1);
     assert!(claim(&mut db.client, "jobs", 1, "30 s").is_empty(), "a dead job is not claimed");
     assert!(!answer(&mut db, &format!("outbox_ack('jobs', {id}, 3)")), "nor acked");
@@ -298,10 +300,11 @@ fn retention_deletes_acked_jobs_and_keeps_dead_and_waiting_ones() {
     assert!(answer(&mut db, &format!("outbox_ack('jobs', {acked}, 1)")));
     assert!(answer(&mut db, &format!("outbox_nack('jobs', {dead}, 1, 'bad job')")));
     // As if all three were enqueued and handled two hours ago.
-    db.execute("UPDATE outbox SET created_at = now() - interval '2 hours';
-                UPDATE outbox_deliveries SET sent_at = now() - interval '2 hours' WHERE sent_at IS NOT NULL");
+    db.execute(
+        "UPDATE outbox SET created_at = now() - interval '2 hours';
+                UPDATE outbox_deliveries SET sent_at = now() - interval '2 hours' WHERE sent_at IS NOT NULL",
+    );
     db.configure(&[("outbox.retention", "1h")]);
     wait_until("the acked job is deleted", Duration::from_secs(30), || db.count_events(&format!("id = {acked}")) == 0);
     assert_eq!(db.count_events(&format!("id IN ({dead}, {waiting})")), 2, "dead and waiting jobs stay");
 }
-

@@ -115,9 +115,7 @@ impl Drop for Receiver {
 }
 
 fn answer(mut request: tiny_http::Request, reply: Reply, state: &(Mutex<State>, Condvar)) {
-    let header = |name: &'static str| {
-        request.headers().iter().find(|h| h.field.equiv(name)).map(|h| h.value.as_str().to_string())
-    };
+    let header = |name: &'static str| request.headers().iter().find(|h| h.field.equiv(name)).map(|h| h.value.as_str().to_string());
     let id = header("webhook-id").and_then(|v| v.parse().ok()).unwrap_or(-1);
     let (timestamp, signature) = (header("webhook-timestamp").unwrap_or_default(), header("webhook-signature"));
     let (content_type, user_agent) = (header("content-type"), header("user-agent"));
@@ -133,8 +131,9 @@ fn answer(mut request: tiny_http::Request, reply: Reply, state: &(Mutex<State>, 
     }
     let response = match reply {
         Reply::Status(status) => tiny_http::Response::empty(status),
-        Reply::RetryAfter(status, seconds) => tiny_http::Response::empty(status)
-            .with_header(tiny_http::Header::from_bytes("Retry-After", seconds.to_string()).unwrap()),
+        Reply::RetryAfter(status, seconds) => {
+            tiny_http::Response::empty(status).with_header(tiny_http::Header::from_bytes("Retry-After", seconds.to_string()).unwrap())
+        }
         Reply::Hold => {
             let mut guard = lock.lock().unwrap();
             guard.held += 1;

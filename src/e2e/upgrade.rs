@@ -131,7 +131,8 @@ fn updating_from_0_1_0_keeps_every_row_delivers_the_pending_and_ends_as_a_fresh_
         "the update takes 0.1.0's INSERT privilege back"
     );
     db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, timestamptz) TO legacy_producer");
-    db.as_role("legacy_producer", "SELECT outbox_enqueue('legacy', '{}')").expect("with the CHANGELOG's GRANT, a 0.1.0 producer still enqueues");
+    db.as_role("legacy_producer", "SELECT outbox_enqueue('legacy', '{}')")
+        .expect("with the CHANGELOG's GRANT, a 0.1.0 producer still enqueues");
     let next = db.enqueue("after.update", "{}");
     assert!(next > first + 50, "ids go on from where 0.1.0 left them ({next})");
 

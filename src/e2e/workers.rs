@@ -9,8 +9,8 @@ fn two_workers_deliver_200_rows_exactly_once_between_them() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Status(204));
     db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.batch_size", "10")]);
-    let delivered_before: Vec<i64> = db.client.query("SELECT delivered FROM outbox_workers() ORDER BY worker", &[])
-        .unwrap().iter().map(|r| r.get(0)).collect();
+    let delivered_before: Vec<i64> =
+        db.client.query("SELECT delivered FROM outbox_workers() ORDER BY worker", &[]).unwrap().iter().map(|r| r.get(0)).collect();
 
     let ids: HashSet<i64> = (0..200).map(|n| db.enqueue("bulk", &format!(r#"{{"n": {n}}}"#))).collect();
     wait_until("all 200 are sent", Duration::from_secs(30), || db.count("sent_at IS NOT NULL") == 200);
@@ -19,8 +19,8 @@ fn two_workers_deliver_200_rows_exactly_once_between_them() {
     assert_eq!(received.len(), 200, "no event was delivered twice");
     assert_eq!(received.into_iter().collect::<HashSet<_>>(), ids, "every event was delivered");
     assert_eq!(db.value::<i64>("SELECT count(DISTINCT claimed_by) FROM outbox_deliveries"), 2, "both workers claimed rows");
-    let delivered_after: Vec<i64> = db.client.query("SELECT delivered FROM outbox_workers() ORDER BY worker", &[])
-        .unwrap().iter().map(|r| r.get(0)).collect();
+    let delivered_after: Vec<i64> =
+        db.client.query("SELECT delivered FROM outbox_workers() ORDER BY worker", &[]).unwrap().iter().map(|r| r.get(0)).collect();
     for (before, after) in delivered_before.iter().zip(&delivered_after) {
         assert!(after > before, "every worker delivered some: {delivered_before:?} -> {delivered_after:?}");
     }
@@ -74,9 +74,7 @@ fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_t
     assert!(stopped_in < Duration::from_secs(5), "the worker took {stopped_in:?} to stop");
     assert_eq!(db.count(&format!("id = {id} AND sent_at IS NULL")), 1, "an unanswered event is not marked sent");
 
-    wait_until("the abandoned event is delivered again", Duration::from_secs(30), || {
-        db.is_sent(id)
-    });
+    wait_until("the abandoned event is delivered again", Duration::from_secs(30), || db.is_sent(id));
     assert_eq!(receiver.deliveries_of(id).len(), 2, "delivered again once the lease ran out");
     wait_until("the worker is back", Duration::from_secs(30), || db.value::<i64>("SELECT count(*) FROM outbox_workers()") == 2);
 }

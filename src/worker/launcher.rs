@@ -46,8 +46,7 @@ pub extern "C-unwind" fn outbox_launcher_main(_arg: pg_sys::Datum) {
     // in the way of DROP DATABASE.
     BackgroundWorker::connect_worker_to_spi(None, None);
     let database = settings::database();
-    let mut relays: Vec<Relay> =
-        (0..settings::workers()).map(|_| Relay { handle: None, started_at: None, said_no_slot: false }).collect();
+    let mut relays: Vec<Relay> = (0..settings::workers()).map(|_| Relay { handle: None, started_at: None, said_no_slot: false }).collect();
     let mut waiting_said = false;
     log!("outbox_ext launcher started for database \"{database}\"");
     while !BackgroundWorker::sigterm_received() {
@@ -104,10 +103,8 @@ fn database_exists(name: &str) -> bool {
 }
 
 fn start_if_stopped(relay: &mut Relay, number: usize) {
-    let started_here = relay
-        .handle
-        .as_ref()
-        .is_some_and(|handle| matches!(handle.pid(), Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted)));
+    let started_here =
+        relay.handle.as_ref().is_some_and(|handle| matches!(handle.pid(), Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted)));
     // A relay that an earlier launcher started (before this one was restarted) still counts.
     let running = started_here || registry::live_worker(number).is_some();
     if running || relay.started_at.is_some_and(|at| at.elapsed() < RESTART_AFTER) {

@@ -46,7 +46,9 @@ unsafe extern "C-unwind" fn leave_before_drop_or_rename(
         // SAFETY: the arguments are passed on unchanged, to the previous hook or to PostgreSQL.
         unsafe {
             match PREVIOUS_HOOK {
-                Some(previous) => pg_guard_ffi_boundary(|| previous(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc)),
+                Some(previous) => {
+                    pg_guard_ffi_boundary(|| previous(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc))
+                }
                 None => pg_sys::standard_ProcessUtility(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
             }
         }

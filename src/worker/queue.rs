@@ -124,7 +124,7 @@ pub fn pin_search_path() -> Result<(), TransactionError> {
 
 /// The extension as installed in this database now, or `None`.
 pub fn find_installation() -> Result<Option<Installation>, TransactionError> {
-    transaction::run(|| Spi::connect(|client| Installation::find(&client)))
+    transaction::run(|| Spi::connect(Installation::find))
 }
 
 /// What `load_endpoints` found.
@@ -259,10 +259,8 @@ pub fn record_failures(queries: &Queries, failed: &[(&Attempt, i32)]) -> Result<
     let ids: Vec<i64> = failed.iter().map(|(a, _)| a.id).collect();
     let attempts: Vec<i32> = failed.iter().map(|(a, _)| a.attempts).collect();
     let errors: Vec<String> = failed.iter().map(|(a, _)| a.outcome.last_error().unwrap_or_default()).collect();
-    let retry_ms: Vec<f64> = failed
-        .iter()
-        .map(|(a, _)| millis(retry_delay(a.attempts, a.outcome.retry_after(), fastrand::f64())))
-        .collect();
+    let retry_ms: Vec<f64> =
+        failed.iter().map(|(a, _)| millis(retry_delay(a.attempts, a.outcome.retry_after(), fastrand::f64()))).collect();
     let caps: Vec<i32> = failed.iter().map(|(_, cap)| *cap).collect();
     transaction::run(|| {
         Spi::connect_mut(|client| {

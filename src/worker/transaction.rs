@@ -58,8 +58,5 @@ fn postgres_error(caught: CaughtError) -> TransactionError {
     };
     // SAFETY: unpack_sql_state only formats the code into a static buffer.
     let sqlstate = unsafe { std::ffi::CStr::from_ptr(pg_sys::unpack_sql_state(report.sql_error_code() as i32)) };
-    TransactionError::Postgres {
-        sqlstate: sqlstate.to_string_lossy().into_owned(),
-        message: report.message().to_string(),
-    }
+    TransactionError::Postgres { sqlstate: sqlstate.to_string_lossy().into_owned(), message: report.message().to_string() }
 }
