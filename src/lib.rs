@@ -2,6 +2,10 @@
 //!
 //! Wiring only: the schema files, the settings and the relay workers.
 
+// Every unsafe block and impl says why it is sound (`// SAFETY:`), as pgrx itself does;
+// scripts/test.sh runs clippy with -D warnings.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 use pgrx::prelude::*;
 
 mod api;
@@ -25,8 +29,10 @@ mod tests {
     }
 }
 
-// End-to-end suites: plain #[test]s against the cluster the test above boots.
+// End-to-end suites, in the top-level pgrx-tests/: plain #[test]s against the cluster the
+// test above boots.
 #[cfg(test)]
+#[path = "../pgrx-tests/mod.rs"]
 mod e2e;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -44,6 +50,7 @@ pub extern "C-unwind" fn _PG_init() {
     settings::register();
     // Workers and shared memory exist only when loaded through shared_preload_libraries;
     // CREATE EXTENSION alone still gives a working outbox_enqueue (delivered by nobody).
+    // SAFETY: a PostgreSQL global, read in _PG_init on the main thread.
     if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
         return;
     }

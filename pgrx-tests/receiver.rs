@@ -1,6 +1,7 @@
 //! A real HTTP receiver on 127.0.0.1 for the tests: records every request it gets and answers
 //! as the test says (a status, a Retry-After, or holding the request until released).
 
+use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Instant;
@@ -26,6 +27,27 @@ impl Delivery {
 
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).expect("the body is JSON")
+    }
+
+    /// Whether the official Standard Webhooks library for Python verifies this delivery with
+    /// `secret`: the tests check signatures with an implementation that is not the crate's.
+    pub fn verified_by_standardwebhooks(&self, secret: &str) -> bool {
+        let script = "import os, sys\n\
+                      from standardwebhooks.webhooks import Webhook\n\
+                      h = {k: os.environ[k.upper().replace('-', '_')] for k in ('webhook-id', 'webhook-timestamp', 'webhook-signature')}\n\
+                      try:\n    Webhook(os.environ['SECRET']).verify(os.environ['BODY'], h)\nexcept Exception as e:\n    sys.exit(str(e))\n";
+        let output = Command::new("python3")
+            .args(["-c", script])
+            .env("SECRET", secret)
+            .env("BODY", &self.body)
+            .env("WEBHOOK_ID", self.id.to_string())
+            .env("WEBHOOK_TIMESTAMP", &self.timestamp)
+            .env("WEBHOOK_SIGNATURE", self.signature.clone().unwrap_or_default())
+            .output()
+            .expect("python3 runs (scripts/setup.sh installs standardwebhooks)");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("ModuleNotFoundError"), "{stderr}");
+        output.status.success()
     }
 }
 
