@@ -55,6 +55,7 @@ fn enqueue(topic: Option<&str>, payload: Option<JsonbArg>, key: Option<&str>, de
 /// 0.1.0's `outbox_enqueue(text, jsonb)` points here until `ALTER EXTENSION outbox_ext UPDATE`
 /// replaces it: the caller's transaction aborts with nothing written and is told what to run.
 #[pg_guard]
+// SAFETY: an exported name of this library's own, which PostgreSQL looks up by name.
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn outbox_enqueue_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     ereport!(
@@ -65,6 +66,7 @@ pub extern "C-unwind" fn outbox_enqueue_wrapper(_fcinfo: pg_sys::FunctionCallInf
     );
 }
 
+// SAFETY: an exported name of this library's own, which PostgreSQL looks up by name.
 #[unsafe(no_mangle)]
 pub extern "C" fn pg_finfo_outbox_enqueue_wrapper() -> &'static pg_sys::Pg_finfo_record {
     const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
@@ -97,6 +99,8 @@ fn outbox_workers() -> TableIterator<
         .enumerate()
         .filter(|(_, slot)| slot.running_procno().is_some())
         .map(|(index, slot)| {
+            // SAFETY: the slot holds a PostgreSQL timestamp written by GetCurrentTimestamp; a
+            // timestamptz datum is that int64 by value.
             let loaded_at = unsafe { TimestampWithTimeZone::from_datum(slot.settings_loaded_at.load(Relaxed).into(), false) };
             (
                 index as i32 + 1,
@@ -202,6 +206,8 @@ pub struct JsonbArg(pg_sys::Datum);
 impl JsonbArg {
     /// Length of the payload's JSON text, the form the receiver gets.
     fn text_len(&self) -> usize {
+        // SAFETY: self.0 is the caller's non-null jsonb argument, valid for this call; jsonb_out
+        // returns a palloc'd NUL-terminated string in the current memory context.
         let text = unsafe { pgrx::fcinfo::direct_function_call::<&std::ffi::CStr>(pg_sys::jsonb_out, &[Some(self.0)]) };
         text.map(|t| t.to_bytes().len()).unwrap_or(0)
     }
@@ -222,6 +228,7 @@ impl IntoDatum for JsonbArg {
     }
 }
 
+// SAFETY: the SQL type named is jsonb, the type of the datum JsonbArg carries.
 unsafe impl SqlTranslatable for JsonbArg {
     const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbArg);
     const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin = pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
@@ -229,13 +236,16 @@ unsafe impl SqlTranslatable for JsonbArg {
     const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
 }
 
+// SAFETY: both methods read the argument through FromDatum, as pgrx's own types do.
 unsafe impl<'fcx> ArgAbi<'fcx> for JsonbArg {
     unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
         let index = arg.index();
+        // SAFETY: the caller (pgrx's generated wrapper) passes an argument of this function.
         unsafe { arg.unbox_arg_using_from_datum().unwrap_or_else(|| panic!("argument {index} must not be null")) }
     }
 
     unsafe fn unbox_nullable_arg(arg: Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
+        // SAFETY: as above.
         unsafe { arg.unbox_arg_using_from_datum().into() }
     }
 }

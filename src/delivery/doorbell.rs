@@ -9,6 +9,7 @@ pub struct Doorbell(RawFd);
 
 impl Doorbell {
     pub fn new() -> io::Result<Doorbell> {
+        // SAFETY: eventfd takes no pointers; a negative result is checked below.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
@@ -23,18 +24,21 @@ impl Doorbell {
     /// Safe from any thread: a plain write(2), no PostgreSQL call.
     pub fn ring(&self) {
         let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local u64 to the eventfd this value owns.
         unsafe { libc::write(self.0, (&one as *const u64).cast(), 8) };
     }
 
     /// Resets the counter so the descriptor stops reading as ready.
     pub fn clear(&self) {
         let mut count: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a local u64 from the eventfd this value owns.
         unsafe { libc::read(self.0, (&mut count as *mut u64).cast(), 8) };
     }
 }
 
 impl Drop for Doorbell {
     fn drop(&mut self) {
+        // SAFETY: the descriptor is this value's own, closed once, here.
         unsafe { libc::close(self.0) };
     }
 }
@@ -45,6 +49,7 @@ mod tests {
 
     fn readable(fd: RawFd) -> bool {
         let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd on the stack, no wait.
         unsafe { libc::poll(&mut poll, 1, 0) == 1 }
     }
 

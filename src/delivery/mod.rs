@@ -18,7 +18,7 @@ pub use backoff::retry_delay;
 pub use doorbell::Doorbell;
 pub use outcome::{one_line, Outcome, OutcomeClass, MAX_ERROR_BYTES};
 pub use sender::Sender;
-pub use signing::SigningKey;
+pub use signing::{SecretError, SigningKey};
 
 pub const USER_AGENT: &str = concat!("outbox_ext/", env!("CARGO_PKG_VERSION"));
 
@@ -55,33 +55,51 @@ pub struct Target {
     pub timeout: Duration,
 }
 
+/// What is wrong with an endpoint the workers cannot send to. Its text never repeats the URL
+/// or a secret: either may hold credentials.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    #[error("it has no URL")]
+    NoUrl,
+    #[error("its URL is {0} bytes long, more than {MAX_URL_BYTES}")]
+    UrlTooLong(usize),
+    /// The parser's reason (which does not quote the URL).
+    #[error("its URL is not valid ({0})")]
+    BadUrl(String),
+    #[error("its URL must be http:// or https://, not {0}://")]
+    NotHttp(String),
+    #[error("a signing secret is malformed: {0}")]
+    BadSecret(#[from] SecretError),
+    /// The header's position among the endpoint's headers (its name may be anything).
+    #[error("header {0} has a name that is not a header name")]
+    BadHeaderName(usize),
+    #[error("the value of header {0} is not valid")]
+    BadHeaderValue(HeaderName),
+}
+
 impl Target {
-    /// `Err` says what is wrong with the endpoint, never repeating its URL or a secret: either
-    /// may hold credentials.
-    pub fn new(url: &str, secrets: &[String], headers: &[(String, String)], timeout: Duration) -> Result<Target, String> {
+    pub fn new(url: &str, secrets: &[String], headers: &[(String, String)], timeout: Duration) -> Result<Target, TargetError> {
         let url = url.trim();
         if url.is_empty() {
-            return Err("it has no URL".to_string());
+            return Err(TargetError::NoUrl);
         }
         if url.len() > MAX_URL_BYTES {
-            return Err(format!("its URL is {} bytes long, more than {MAX_URL_BYTES}", url.len()));
+            return Err(TargetError::UrlTooLong(url.len()));
         }
-        let url = reqwest::Url::parse(url).map_err(|e| format!("its URL is not valid ({e})"))?;
+        let url = reqwest::Url::parse(url).map_err(|e| TargetError::BadUrl(e.to_string()))?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!("its URL must be http:// or https://, not {}://", url.scheme()));
+            return Err(TargetError::NotHttp(url.scheme().to_string()));
         }
-        let keys = secrets
-            .iter()
-            .map(|secret| SigningKey::parse(secret.trim()).map_err(|e| format!("a signing secret is malformed: {e}")))
-            .collect::<Result<_, _>>()?;
+        let keys = secrets.iter().map(|secret| SigningKey::parse(secret.trim())).collect::<Result<_, _>>()?;
         let extra_headers = headers
             .iter()
-            .map(|(name, value)| {
-                let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a header name"))?;
-                let value = HeaderValue::from_str(value).map_err(|_| format!("the value of header {name} is not valid"))?;
+            .enumerate()
+            .map(|(position, (name, value))| {
+                let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| TargetError::BadHeaderName(position + 1))?;
+                let value = HeaderValue::from_str(value).map_err(|_| TargetError::BadHeaderValue(name.clone()))?;
                 Ok((name, value))
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, TargetError>>()?;
         Ok(Target { url, keys, extra_headers, timeout })
     }
 
@@ -110,7 +128,7 @@ mod tests {
         Event { endpoint: "default".into(), id: 42, attempts: 1, body: r#"{"type":"t","timestamp":"x","data":{}}"#.into() }
     }
 
-    fn target(url: &str, secrets: &[&str], headers: &[(&str, &str)]) -> Result<Target, String> {
+    fn target(url: &str, secrets: &[&str], headers: &[(&str, &str)]) -> Result<Target, TargetError> {
         let secrets: Vec<String> = secrets.iter().map(|s| s.to_string()).collect();
         let headers: Vec<(String, String)> = headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
         Target::new(url, &secrets, &headers, Duration::from_secs(1))
@@ -118,23 +136,28 @@ mod tests {
 
     #[test]
     fn bad_endpoints_are_explained() {
-        assert!(target("  ", &[], &[]).unwrap_err().contains("no URL"));
-        assert!(target("not a url", &[], &[]).unwrap_err().contains("not valid"));
-        assert!(target("ftp://127.0.0.1/x", &[], &[]).unwrap_err().contains("http:// or https://"));
-        assert!(target("http://127.0.0.1/x", &["secret"], &[]).unwrap_err().contains("signing secret"));
-        assert!(target("http://127.0.0.1/x", &[], &[("bad name", "v")]).unwrap_err().contains("header name"));
-        assert!(target("http://127.0.0.1/x", &[], &[("x-a", "line\nbreak")]).unwrap_err().contains("x-a"));
+        assert_eq!(target("  ", &[], &[]).unwrap_err(), TargetError::NoUrl);
+        assert!(matches!(target("not a url", &[], &[]).unwrap_err(), TargetError::BadUrl(_)));
+        assert_eq!(target("ftp://127.0.0.1/x", &[], &[]).unwrap_err(), TargetError::NotHttp("ftp".into()));
+        assert_eq!(target("http://127.0.0.1/x", &["secret"], &[]).unwrap_err(), TargetError::BadSecret(SecretError::NoPrefix));
+        assert_eq!(target("http://127.0.0.1/x", &[], &[("x-ok", "v"), ("bad name", "v")]).unwrap_err(), TargetError::BadHeaderName(2));
+        assert_eq!(
+            target("http://127.0.0.1/x", &[], &[("x-a", "line\nbreak")]).unwrap_err(),
+            TargetError::BadHeaderValue(HeaderName::from_static("x-a"))
+        );
         let long = format!("http://127.0.0.1/{}", "x".repeat(MAX_URL_BYTES));
-        assert!(target(&long, &[], &[]).unwrap_err().contains("more than 2048"));
+        assert_eq!(target(&long, &[], &[]).unwrap_err(), TargetError::UrlTooLong(long.len()));
+        // What the log and last_error show.
+        assert_eq!(TargetError::UrlTooLong(3000).to_string(), "its URL is 3000 bytes long, more than 2048");
     }
 
     #[test]
     fn explanations_never_repeat_credentials() {
         for url in ["http://user:hunter2@[::1/?token=hunter2", "ftp://user:hunter2@127.0.0.1/?token=hunter2"] {
-            let error = target(url, &[], &[]).unwrap_err();
+            let error = target(url, &[], &[]).unwrap_err().to_string();
             assert!(!error.contains("hunter2"), "{error}");
         }
-        let error = target("http://127.0.0.1/x", &["whsec_hunter2!!"], &[]).unwrap_err();
+        let error = target("http://127.0.0.1/x", &["whsec_hunter2!!"], &[]).unwrap_err().to_string();
         assert!(!error.contains("hunter2"), "{error}");
     }
 

@@ -85,7 +85,8 @@ proptest! {
                 prop_assert!(matches!(target.url.scheme(), "http" | "https"));
                 prop_assert!(url.trim().len() <= MAX_URL_BYTES && !url.trim().is_empty());
             }
-            Err(explanation) => {
+            Err(error) => {
+                let explanation = error.to_string();
                 for secret_part in [url.trim(), secret.trim()] {
                     if secret_part.len() >= 8 {
                         prop_assert!(!explanation.contains(secret_part), "{explanation:?} repeats {secret_part:?}");

@@ -23,23 +23,34 @@ pub struct Sender {
     in_flight_to: HashMap<Arc<str>, usize>,
 }
 
+/// Why a worker cannot start sending.
+#[derive(Debug, thiserror::Error)]
+pub enum SenderError {
+    #[error("cannot start the HTTP runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("cannot build the HTTP client: {0}")]
+    Client(reqwest::Error),
+    #[error("cannot create an eventfd: {0}")]
+    Doorbell(std::io::Error),
+}
+
 impl Sender {
-    pub fn new() -> Result<Sender, String> {
+    pub fn new() -> Result<Sender, SenderError> {
         // Threads inherit the signal mask of the thread that creates them: build the runtime
         // with every signal blocked, so its threads (and the ones they start) never run a
         // PostgreSQL signal handler, not even for an instant after they start.
         let runtime = with_signals_blocked(|| {
             tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("outbox-http").enable_all().build()
         })
-        .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+        .map_err(SenderError::Runtime)?;
         let client = reqwest::Client::builder()
             .user_agent(USER_AGENT)
             .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(60))
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        let doorbell = Doorbell::new().map_err(|e| format!("cannot create an eventfd: {e}"))?;
+            .map_err(SenderError::Client)?;
+        let doorbell = Doorbell::new().map_err(SenderError::Doorbell)?;
         let (finished_tx, finished_rx) = mpsc::channel();
         Ok(Sender { runtime, client, finished_tx, finished_rx, doorbell: Arc::new(doorbell), in_flight: 0, in_flight_to: HashMap::new() })
     }
@@ -144,6 +155,8 @@ fn transport_failure(error: reqwest::Error) -> Outcome {
 }
 
 fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: the signal sets are zeroed locals initialised by sigfillset; pthread_sigmask only
+    // changes this thread's mask, and the previous one is put back.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut previous: libc::sigset_t = std::mem::zeroed();
@@ -160,6 +173,7 @@ mod tests {
     use super::*;
 
     fn blocked_on_this_thread(signal: i32) -> bool {
+        // SAFETY: reads this thread's mask into a zeroed local set.
         unsafe {
             let mut mask: libc::sigset_t = std::mem::zeroed();
             libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask);

@@ -7,16 +7,27 @@ use sha2::Sha256;
 
 const SECRET_PREFIX: &str = "whsec_";
 
+/// Why a signing secret cannot be used. Never holds the secret itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    #[error("the secret must start with \"{SECRET_PREFIX}\"")]
+    NoPrefix,
+    #[error("the part after \"{SECRET_PREFIX}\" is not valid base64")]
+    NotBase64,
+    #[error("the part after \"{SECRET_PREFIX}\" is empty")]
+    Empty,
+}
+
 /// The decoded key behind an endpoint's signing secret, `whsec_<base64>`.
 #[derive(Clone)]
 pub struct SigningKey(Vec<u8>);
 
 impl SigningKey {
-    pub fn parse(secret: &str) -> Result<SigningKey, String> {
-        let encoded = secret.strip_prefix(SECRET_PREFIX).ok_or_else(|| format!("the secret must start with \"{SECRET_PREFIX}\""))?;
-        let key = BASE64.decode(encoded).map_err(|e| format!("the part after \"{SECRET_PREFIX}\" is not valid base64 ({e})"))?;
+    pub fn parse(secret: &str) -> Result<SigningKey, SecretError> {
+        let encoded = secret.strip_prefix(SECRET_PREFIX).ok_or(SecretError::NoPrefix)?;
+        let key = BASE64.decode(encoded).map_err(|_| SecretError::NotBase64)?;
         if key.is_empty() {
-            return Err(format!("the part after \"{SECRET_PREFIX}\" is empty"));
+            return Err(SecretError::Empty);
         }
         Ok(SigningKey(key))
     }
@@ -59,11 +70,11 @@ mod tests {
 
     #[test]
     fn rejects_malformed_secrets_with_a_reason() {
-        assert!(SigningKey::parse("C2FVsBQIhrscChlQIMV+b5sSYspob7oD").unwrap_err().contains("whsec_"));
-        assert!(SigningKey::parse("whsec_not base64!").unwrap_err().contains("base64"));
-        assert!(SigningKey::parse("whsec_").unwrap_err().contains("empty"));
+        assert_eq!(SigningKey::parse("C2FVsBQIhrscChlQIMV+b5sSYspob7oD").unwrap_err(), SecretError::NoPrefix);
+        assert_eq!(SigningKey::parse("whsec_not base64!").unwrap_err(), SecretError::NotBase64);
+        assert_eq!(SigningKey::parse("whsec_").unwrap_err(), SecretError::Empty);
         // Trailing bits that are not zero: outbox_endpoint_rotate_secret refuses it too.
-        assert!(SigningKey::parse("whsec_eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eB==").is_err());
+        assert_eq!(SigningKey::parse("whsec_eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eB==").unwrap_err(), SecretError::NotBase64);
     }
 
     #[test]

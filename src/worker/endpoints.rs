@@ -63,7 +63,7 @@ impl Endpoints {
                     .map(Arc::new)
                     .map_err(|reason| match (row.url.is_none(), row.name.as_str()) {
                         (true, DEFAULT_ENDPOINT) => format!("{reason}: set outbox.webhook_url, or the url of the endpoint default"),
-                        _ => reason,
+                        _ => reason.to_string(),
                     });
                 if let Err(reason) = &target {
                     log!("outbox_ext relay {worker}: not delivering to endpoint {name}: {reason}");

@@ -39,6 +39,7 @@ struct Relay {
 }
 
 #[pg_guard]
+// SAFETY: an exported name of this library's own, which PostgreSQL looks up by name.
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn outbox_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);

@@ -9,6 +9,7 @@ pub mod registry;
 mod transaction;
 pub mod wake;
 
+use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,6 +40,7 @@ const ACK_RETRY: Duration = Duration::from_millis(500);
 const REPEAT_WARNING_AFTER: Duration = Duration::from_secs(60);
 
 #[pg_guard]
+// SAFETY: an exported name of this library's own, which PostgreSQL looks up by name.
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     // SAFETY: the postmaster passes the int4 datum set in register_workers.
@@ -157,66 +159,83 @@ impl Relay {
         }
     }
 
-    /// The loop: record what finished, claim and send, delete what retention expired, wait
-    /// for a commit, a finished request or a timer. Ends on SIGTERM or when the extension
-    /// changes under it.
+    /// The loop: each turn reloads the settings if signalled, claims and sends if a claim is
+    /// due, records what finished, deletes what retention expired if that is due, reports its
+    /// table statistics and waits for a commit, a finished request or a timer. Ends on SIGTERM,
+    /// when its database is going away, or when the extension changes under it.
     fn deliver(&mut self, queries: &Queries) -> Stop {
         let mut timers = Timers::new();
+        let Err(stop) = self.deliver_turns(queries, &mut timers);
+        stop
+    }
+
+    fn deliver_turns(&mut self, queries: &Queries, timers: &mut Timers) -> Result<Infallible, Stop> {
         loop {
-            if registry::leaving_database() {
-                // Acknowledgements already received are written first (the command waits up to
-                // 5 s for the workers); requests still in flight come back by their lease.
-                let finished = self.sender.take_finished();
-                let _ = self.record_finished(queries, finished);
-                log!("outbox_ext relay {}: leaving database \"{}\", which is being dropped or renamed", self.number, settings::database());
-                return Stop::LeavingDatabase;
-            }
-            if BackgroundWorker::sigterm_received() {
-                self.finish_in_flight(queries);
-                return Stop::Shutdown;
-            }
-            let reloaded = BackgroundWorker::sighup_received();
-            if reloaded {
-                self.reload();
-                timers.after_reload();
-            }
+            self.stop_if_asked(queries)?;
+            let reloaded = self.reload_if_signalled(timers);
             // Outcomes are collected first (freeing their request slots) but written after the
             // claim: a commit's fresh event is sent before the transactions that record what
             // finished, which under a failing endpoint are most of the worker's time.
             let finished = self.sender.take_finished();
-            if timers.claim_due && (self.can_claim() || timers.endpoints_stale) {
-                let read_endpoints = std::mem::take(&mut timers.endpoints_stale);
-                match self.claim_and_send(queries, read_endpoints) {
-                    Ok(Some(full)) => timers.after_claim(full, self.settings.poll_interval),
-                    // No room, or nothing to send to: wait for a finished request or the poll.
-                    Ok(None) => {}
-                    Err(stop) => return stop,
-                }
-            }
-            match self.record_finished(queries, finished) {
-                // The next events of keys just sent are due: claim them without waiting.
-                Ok(released) => timers.claim_due |= released,
-                Err(stop) => return stop,
-            }
+            self.claim_if_due(queries, timers)?;
+            // The next events of ordered keys just sent are due: claim them without waiting.
+            timers.claim_due |= self.record_finished(queries, finished)?;
             if reloaded {
                 // Published after the first claim under the new settings: from here on, only a
                 // commit's wakeup or the new poll interval starts a claim.
                 self.note_settings_loaded();
             }
-            if timers.cleanup_due() {
-                match self.delete_expired(queries) {
-                    Ok(next) => timers.next_cleanup = next,
-                    Err(stop) => return stop,
-                }
-            }
-            // Background workers must report their table statistics themselves; without this,
-            // autovacuum never learns of the dead rows that claims and acknowledgements leave.
-            // SAFETY: main thread, no transaction open.
-            unsafe { pg_sys::pgstat_report_stat(false) };
+            self.delete_expired_if_due(queries, timers)?;
+            report_table_statistics();
             let sleep = timers.sleep(self.can_claim(), !self.unrecorded_acks.is_empty());
             let wakeup = wake::wait(Some(self.sender.doorbell().fd()), sleep);
             timers.after_wait(wakeup.latch, self.settings.poll_interval);
         }
+    }
+
+    /// On SIGTERM, or when a DROP DATABASE or RENAME of this database waits for the workers.
+    fn stop_if_asked(&mut self, queries: &Queries) -> Result<(), Stop> {
+        if registry::leaving_database() {
+            // Acknowledgements already received are written first (the command waits up to
+            // 5 s for the workers); requests still in flight come back by their lease.
+            let finished = self.sender.take_finished();
+            let _ = self.record_finished(queries, finished);
+            log!("outbox_ext relay {}: leaving database \"{}\", which is being dropped or renamed", self.number, settings::database());
+            return Err(Stop::LeavingDatabase);
+        }
+        if BackgroundWorker::sigterm_received() {
+            self.finish_in_flight(queries);
+            return Err(Stop::Shutdown);
+        }
+        Ok(())
+    }
+
+    /// Reads the settings again after a SIGHUP; true if it did.
+    fn reload_if_signalled(&mut self, timers: &mut Timers) -> bool {
+        let reloaded = BackgroundWorker::sighup_received();
+        if reloaded {
+            self.reload();
+            timers.after_reload();
+        }
+        reloaded
+    }
+
+    fn claim_if_due(&mut self, queries: &Queries, timers: &mut Timers) -> Result<(), Stop> {
+        if timers.claim_due && (self.can_claim() || timers.endpoints_stale) {
+            let read_endpoints = std::mem::take(&mut timers.endpoints_stale);
+            // None: no room, or nothing to send to; wait for a finished request or the poll.
+            if let Some(full) = self.claim_and_send(queries, read_endpoints)? {
+                timers.after_claim(full, self.settings.poll_interval);
+            }
+        }
+        Ok(())
+    }
+
+    fn delete_expired_if_due(&mut self, queries: &Queries, timers: &mut Timers) -> Result<(), Stop> {
+        if timers.cleanup_due() {
+            timers.next_cleanup = self.delete_expired(queries)?;
+        }
+        Ok(())
     }
 
     fn reload(&mut self) {
@@ -386,6 +405,13 @@ impl Relay {
             log!("outbox_ext relay {} stopped", self.number);
         }
     }
+}
+
+/// Background workers must report their table statistics themselves; without this,
+/// autovacuum never learns of the dead rows that claims and acknowledgements leave.
+fn report_table_statistics() {
+    // SAFETY: main thread, no transaction open.
+    unsafe { pg_sys::pgstat_report_stat(false) };
 }
 
 fn warn_dead(delivery: &DeadDelivery) {

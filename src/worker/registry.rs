@@ -26,6 +26,7 @@ pub struct WorkerSlot {
     pub attempts: [AtomicI64; OutcomeClass::ALL.len()],
 }
 
+// SAFETY: only atomics, no pointers: valid in every process that maps the segment.
 unsafe impl PGRXSharedMemory for WorkerSlot {}
 
 impl WorkerSlot {
@@ -57,8 +58,10 @@ pub struct Shared {
     enqueued: AtomicI64,
 }
 
+// SAFETY: as for WorkerSlot.
 unsafe impl PGRXSharedMemory for Shared {}
 
+// SAFETY: the name is this extension's own, used for no other segment.
 static SHARED: PgAtomic<Shared> = unsafe { PgAtomic::new(c"outbox_ext_workers") };
 
 /// Set in the postmaster by `_PG_init` and inherited by every backend it forks.

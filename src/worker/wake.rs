@@ -26,6 +26,8 @@ pub fn wake_workers_at_commit() {
     }
     ENQUEUED_IN_TRANSACTION.fetch_add(1, Ordering::Relaxed);
     if !CALLBACK_INSTALLED.swap(true, Ordering::Relaxed) {
+        // SAFETY: registered once per backend (CALLBACK_INSTALLED); the callback takes no
+        // argument and lives as long as the library.
         unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
     }
 }
@@ -51,6 +53,9 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
 pub fn wake_all_workers() {
     for procno in registry::slots().iter().filter_map(|slot| slot.running_procno()) {
         // A stale slot (a worker that crashed) only causes a harmless spurious wakeup.
+        // SAFETY: procno is a PGPROC number a worker published, below ProcGlobal's count; the
+        // PGPROC array lives in shared memory for the server's life, and SetLatch may be
+        // called on another process's latch.
         unsafe { pg_sys::SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno)).procLatch) };
     }
 }
@@ -69,10 +74,13 @@ pub fn wait(doorbell: Option<RawFd>, timeout: Duration) -> Wakeup {
         events |= pg_sys::WL_SOCKET_READABLE;
     }
     let socket = doorbell.unwrap_or(pg_sys::PGINVALID_SOCKET);
+    // SAFETY: main thread, this process's own latch; the socket is the doorbell's open eventfd
+    // or PGINVALID_SOCKET.
     let rc =
         unsafe { pg_sys::WaitLatchOrSocket(pg_sys::MyLatch, events as i32, socket, timeout.as_millis() as _, pg_sys::PG_WAIT_EXTENSION) };
     let latch = rc & pg_sys::WL_LATCH_SET as i32 != 0;
     if latch {
+        // SAFETY: main thread, this process's own latch.
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
     }
     // Absorb what other backends asked of every process, e.g. the barrier DROP DATABASE waits
