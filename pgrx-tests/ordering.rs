@@ -185,12 +185,25 @@ fn two_consumers_never_hold_two_events_of_one_key_and_transactions_keep_their_or
     assert_eq!(ids(&claim(&mut db.client, "jobs")), vec![y]);
     db.execute(&format!("SELECT outbox_ack('jobs', {y}, 1)"));
 
-    // No longer ordered: whatever waited is claimable at once.
+    // No longer ordered: whatever waited is claimable at once, also what a transaction in
+    // progress enqueued as waiting (the change waits for that transaction to commit).
     enqueue_keys(&mut db, &[Some("z"), Some("z"), Some("z")]);
     assert_eq!(claim(&mut db.client, "jobs").len(), 1);
-    ordered_pull_endpoint(&mut db, "jobs", "");
-    db.execute("SELECT outbox_endpoint_set('jobs', NULL, '{*}', kind => 'pull', ordered => false)");
-    assert_eq!(claim(&mut db.client, "jobs").len(), 2, "the two that waited");
+    late.batch_execute("BEGIN").unwrap();
+    let in_progress: i64 = late.query_one("SELECT outbox_enqueue('job', '{}', 'z')", &[]).unwrap().get(0);
+    let mut operator = db.connect("pgrx_tests", "postgres");
+    let operator_pid: i32 = operator.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    let unordering = std::thread::spawn(move || {
+        operator.batch_execute("SELECT outbox_endpoint_set('jobs', NULL, '{*}', kind => 'pull', ordered => false)").unwrap();
+    });
+    wait_until("the change waits for the enqueue in progress", Duration::from_secs(10), || {
+        db.value::<i64>(&format!("SELECT count(*) FROM pg_locks WHERE pid = {operator_pid} AND NOT granted")) == 1
+    });
+    late.batch_execute("COMMIT").unwrap();
+    unordering.join().unwrap();
+    let claimed = ids(&claim(&mut db.client, "jobs"));
+    assert_eq!(claimed.len(), 3, "the two that waited and the one enqueued meanwhile: {claimed:?}");
+    assert!(claimed.contains(&in_progress));
     db.execute("SELECT outbox_endpoint_drop('jobs')");
 }
 

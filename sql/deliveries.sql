@@ -115,6 +115,15 @@ COMMENT ON TABLE @extschema@.outbox_keys IS 'Ordered endpoints: the delivery of 
 
 CREATE INDEX outbox_keys_unassigned ON @extschema@.outbox_keys (endpoint) WHERE head IS NULL;
 
+-- One row per ordered endpoint: its sequencer (outbox_sequence) runs while holding the row's
+-- lock, so one runs at a time per endpoint. Only the extension's owner can lock it: no role can
+-- hold sequencing up, as it could with an advisory lock.
+CREATE TABLE @extschema@.outbox_key_sequencers (
+    endpoint text PRIMARY KEY
+);
+
+COMMENT ON TABLE @extschema@.outbox_key_sequencers IS 'Ordered endpoints: the row outbox_sequence() locks.';
+
 -- Keys of ordered endpoints that got a waiting delivery (written by outbox_enqueue, requeue
 -- and replay in their caller's transaction); outbox_sequence() reads and deletes them once they
 -- are committed. A key the sequencer has not seen yet may have no row in outbox_keys.
@@ -154,3 +163,4 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_unrouted', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_delivery_counts', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_keys', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_key_arrivals', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_key_sequencers', '');

@@ -24,6 +24,7 @@ AS $$
 DECLARE
     pattern text;
     header record;
+    was_ordered boolean;
 BEGIN
     IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$' THEN
         RAISE EXCEPTION 'outbox_endpoint_set: an endpoint name is 1 to 63 letters, digits, "_", "." or "-", starting with a letter or digit'
@@ -111,6 +112,15 @@ BEGIN
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    SELECT e.ordered INTO was_ordered
+      FROM @extschema@.outbox_endpoints AS e
+     WHERE e.name = outbox_endpoint_set.name
+       FOR UPDATE;
+    IF was_ordered AND NOT ordered THEN
+        -- As outbox_endpoint_drop: waits for the enqueues in progress (they may be writing
+        -- deliveries that wait for their key) and holds new ones until this commits.
+        LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+    END IF;
     INSERT INTO @extschema@.outbox_endpoints AS e
            (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered, notify)
     VALUES (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered, notify)
@@ -119,8 +129,11 @@ BEGIN
            headers = excluded.headers, timeout = excluded.timeout,
            max_attempts = excluded.max_attempts, max_in_flight = excluded.max_in_flight,
            ordered = excluded.ordered, notify = excluded.notify;
-    IF NOT ordered THEN
-        -- No longer ordered (or never was): whatever waited for its key is due now.
+    IF ordered THEN
+        INSERT INTO @extschema@.outbox_key_sequencers (endpoint) VALUES (outbox_endpoint_set.name)
+        ON CONFLICT DO NOTHING;
+    ELSIF was_ordered THEN
+        -- No longer ordered: whatever waited for its key is due now.
         PERFORM @extschema@.outbox_unorder(outbox_endpoint_set.name);
     END IF;
     PERFORM nextval('@extschema@.outbox_endpoints_version');

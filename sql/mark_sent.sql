@@ -7,7 +7,8 @@
 WITH sent AS (
     UPDATE @extschema@.outbox_deliveries AS d
        SET sent_at = now(),
-           dead_at = NULL
+           dead_at = NULL,
+           waiting = false
       FROM unnest($1::text[], $2::bigint[]) AS a (endpoint, event_id)
      WHERE d.event_id = a.event_id
        AND d.endpoint = a.endpoint

@@ -13,18 +13,25 @@
 
 -- Gives every key of the endpoint that needs one a head: first the keys that got waiting
 -- deliveries since the last pass, then every key without a head (its first waiting delivery
--- becomes the head; a key with none left loses its row). One sequencer per endpoint runs at a
--- time; a caller that finds another at work returns at once (0). Returns the deliveries it
--- made claimable. Called by the relay workers and outbox_claim.
+-- becomes the head; a key with none left loses its row), at most 1,000 of each per call. One
+-- sequencer per endpoint runs at a time (it locks the endpoint's row of outbox_key_sequencers);
+-- a caller that finds another at work returns at once (0). So does one that would wait for a
+-- row lock (a delivery someone holds in an open transaction): the next call tries again, and
+-- the caller's claim goes on meanwhile. Returns the deliveries it made claimable. Called by the
+-- relay workers and outbox_claim.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_sequence(endpoint text)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '50ms'
 AS $$
 DECLARE
     promoted integer;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock('@extschema@.outbox_keys'::regclass::oid::integer, hashtext(outbox_sequence.endpoint)) THEN
+    PERFORM FROM @extschema@.outbox_key_sequencers AS s
+      WHERE s.endpoint = outbox_sequence.endpoint
+        FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
         RETURN 0;
     END IF;
     WITH arrived AS (
@@ -32,7 +39,7 @@ BEGIN
          WHERE a.ctid = ANY (ARRAY(SELECT x.ctid
                                      FROM @extschema@.outbox_key_arrivals AS x
                                     WHERE x.endpoint = outbox_sequence.endpoint
-                                    LIMIT 10000))
+                                    LIMIT 1000))
         RETURNING a.key
     )
     INSERT INTO @extschema@.outbox_keys (endpoint, key)
@@ -45,10 +52,11 @@ BEGIN
         SELECT k.key,
                (SELECT min(d.event_id)
                   FROM @extschema@.outbox_deliveries AS d
-                 WHERE d.endpoint = outbox_sequence.endpoint AND d.key = k.key AND d.waiting) AS head
+                 WHERE d.endpoint = outbox_sequence.endpoint AND d.key = k.key AND d.waiting
+                   AND d.sent_at IS NULL AND d.dead_at IS NULL) AS head
           FROM @extschema@.outbox_keys AS k
          WHERE k.endpoint = outbox_sequence.endpoint AND k.head IS NULL
-         LIMIT 10000
+         LIMIT 1000
            FOR UPDATE SKIP LOCKED
     ), assigned AS (
         UPDATE @extschema@.outbox_keys AS k
@@ -68,6 +76,8 @@ BEGIN
     )
     SELECT count(*) INTO promoted FROM claimable;
     RETURN promoted;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN 0;
 END
 $$;
 
@@ -88,7 +98,8 @@ AS $$
                k.head,
                (SELECT min(d.event_id)
                   FROM @extschema@.outbox_deliveries AS d
-                 WHERE d.endpoint = $1 AND d.key = k.key AND d.waiting) AS next
+                 WHERE d.endpoint = $1 AND d.key = k.key AND d.waiting
+                   AND d.sent_at IS NULL AND d.dead_at IS NULL) AS next
           FROM unnest($2, $3) AS r (event_id, key)
           JOIN @extschema@.outbox_keys AS k
             ON k.endpoint = $1 AND k.key = r.key AND k.head = r.event_id
@@ -149,10 +160,12 @@ $$;
 -- Whether a delivery put back in the queue (by outbox_requeue or outbox_replay) waits for its
 -- key's turn: it has a key, its endpoint is ordered, and it is not its key's head (a dead head
 -- requeued is retried at once, still ahead of the rest of its key).
+-- VOLATILE: called for a row the caller's UPDATE may have waited to lock, it must read
+-- outbox_keys as committed now, not as the statement began (a head may have moved meanwhile).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_waits_for_key(endpoint text, key text, event_id bigint)
 RETURNS boolean
 LANGUAGE sql
-STABLE
+VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT $2 IS NOT NULL
@@ -161,12 +174,14 @@ AS $$
 $$;
 
 -- Forgets an endpoint's keys: its waiting deliveries become claimable. For
--- outbox_endpoint_set (ordered turned off) and outbox_endpoint_drop.
+-- outbox_endpoint_set (ordered turned off) and outbox_endpoint_drop, which first lock
+-- outbox_deliveries against enqueues, so that none still in progress leaves a delivery waiting.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_unorder(endpoint text)
 RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
+    DELETE FROM @extschema@.outbox_key_sequencers AS s WHERE s.endpoint = $1;
     DELETE FROM @extschema@.outbox_keys AS k WHERE k.endpoint = $1;
     DELETE FROM @extschema@.outbox_key_arrivals AS a WHERE a.endpoint = $1;
     UPDATE @extschema@.outbox_deliveries AS d SET waiting = false WHERE d.endpoint = $1 AND d.waiting;

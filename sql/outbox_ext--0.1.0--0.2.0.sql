@@ -135,6 +135,15 @@ COMMENT ON TABLE @extschema@.outbox_keys IS 'Ordered endpoints: the delivery of 
 
 CREATE INDEX outbox_keys_unassigned ON @extschema@.outbox_keys (endpoint) WHERE head IS NULL;
 
+-- One row per ordered endpoint: its sequencer (outbox_sequence) runs while holding the row's
+-- lock, so one runs at a time per endpoint. Only the extension's owner can lock it: no role can
+-- hold sequencing up, as it could with an advisory lock.
+CREATE TABLE @extschema@.outbox_key_sequencers (
+    endpoint text PRIMARY KEY
+);
+
+COMMENT ON TABLE @extschema@.outbox_key_sequencers IS 'Ordered endpoints: the row outbox_sequence() locks.';
+
 -- Keys of ordered endpoints that got a waiting delivery (written by outbox_enqueue, requeue
 -- and replay in their caller's transaction); outbox_sequence() reads and deletes them once they
 -- are committed. A key the sequencer has not seen yet may have no row in outbox_keys.
@@ -174,6 +183,7 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_unrouted', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_delivery_counts', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_keys', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_key_arrivals', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_key_sequencers', '');
 
 -- 0.1.0 delivered every event to one URL: its delivery state becomes the default endpoint's.
 INSERT INTO @extschema@.outbox_deliveries
@@ -238,18 +248,25 @@ COMMENT ON COLUMN @extschema@.outbox.key IS 'Ordering key (e.g. the aggregate id
 
 -- Gives every key of the endpoint that needs one a head: first the keys that got waiting
 -- deliveries since the last pass, then every key without a head (its first waiting delivery
--- becomes the head; a key with none left loses its row). One sequencer per endpoint runs at a
--- time; a caller that finds another at work returns at once (0). Returns the deliveries it
--- made claimable. Called by the relay workers and outbox_claim.
+-- becomes the head; a key with none left loses its row), at most 1,000 of each per call. One
+-- sequencer per endpoint runs at a time (it locks the endpoint's row of outbox_key_sequencers);
+-- a caller that finds another at work returns at once (0). So does one that would wait for a
+-- row lock (a delivery someone holds in an open transaction): the next call tries again, and
+-- the caller's claim goes on meanwhile. Returns the deliveries it made claimable. Called by the
+-- relay workers and outbox_claim.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_sequence(endpoint text)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '50ms'
 AS $$
 DECLARE
     promoted integer;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock('@extschema@.outbox_keys'::regclass::oid::integer, hashtext(outbox_sequence.endpoint)) THEN
+    PERFORM FROM @extschema@.outbox_key_sequencers AS s
+      WHERE s.endpoint = outbox_sequence.endpoint
+        FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
         RETURN 0;
     END IF;
     WITH arrived AS (
@@ -257,7 +274,7 @@ BEGIN
          WHERE a.ctid = ANY (ARRAY(SELECT x.ctid
                                      FROM @extschema@.outbox_key_arrivals AS x
                                     WHERE x.endpoint = outbox_sequence.endpoint
-                                    LIMIT 10000))
+                                    LIMIT 1000))
         RETURNING a.key
     )
     INSERT INTO @extschema@.outbox_keys (endpoint, key)
@@ -270,10 +287,11 @@ BEGIN
         SELECT k.key,
                (SELECT min(d.event_id)
                   FROM @extschema@.outbox_deliveries AS d
-                 WHERE d.endpoint = outbox_sequence.endpoint AND d.key = k.key AND d.waiting) AS head
+                 WHERE d.endpoint = outbox_sequence.endpoint AND d.key = k.key AND d.waiting
+                   AND d.sent_at IS NULL AND d.dead_at IS NULL) AS head
           FROM @extschema@.outbox_keys AS k
          WHERE k.endpoint = outbox_sequence.endpoint AND k.head IS NULL
-         LIMIT 10000
+         LIMIT 1000
            FOR UPDATE SKIP LOCKED
     ), assigned AS (
         UPDATE @extschema@.outbox_keys AS k
@@ -293,6 +311,8 @@ BEGIN
     )
     SELECT count(*) INTO promoted FROM claimable;
     RETURN promoted;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN 0;
 END
 $$;
 
@@ -313,7 +333,8 @@ AS $$
                k.head,
                (SELECT min(d.event_id)
                   FROM @extschema@.outbox_deliveries AS d
-                 WHERE d.endpoint = $1 AND d.key = k.key AND d.waiting) AS next
+                 WHERE d.endpoint = $1 AND d.key = k.key AND d.waiting
+                   AND d.sent_at IS NULL AND d.dead_at IS NULL) AS next
           FROM unnest($2, $3) AS r (event_id, key)
           JOIN @extschema@.outbox_keys AS k
             ON k.endpoint = $1 AND k.key = r.key AND k.head = r.event_id
@@ -374,10 +395,12 @@ $$;
 -- Whether a delivery put back in the queue (by outbox_requeue or outbox_replay) waits for its
 -- key's turn: it has a key, its endpoint is ordered, and it is not its key's head (a dead head
 -- requeued is retried at once, still ahead of the rest of its key).
+-- VOLATILE: called for a row the caller's UPDATE may have waited to lock, it must read
+-- outbox_keys as committed now, not as the statement began (a head may have moved meanwhile).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_waits_for_key(endpoint text, key text, event_id bigint)
 RETURNS boolean
 LANGUAGE sql
-STABLE
+VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT $2 IS NOT NULL
@@ -386,12 +409,14 @@ AS $$
 $$;
 
 -- Forgets an endpoint's keys: its waiting deliveries become claimable. For
--- outbox_endpoint_set (ordered turned off) and outbox_endpoint_drop.
+-- outbox_endpoint_set (ordered turned off) and outbox_endpoint_drop, which first lock
+-- outbox_deliveries against enqueues, so that none still in progress leaves a delivery waiting.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_unorder(endpoint text)
 RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
+    DELETE FROM @extschema@.outbox_key_sequencers AS s WHERE s.endpoint = $1;
     DELETE FROM @extschema@.outbox_keys AS k WHERE k.endpoint = $1;
     DELETE FROM @extschema@.outbox_key_arrivals AS a WHERE a.endpoint = $1;
     UPDATE @extschema@.outbox_deliveries AS d SET waiting = false WHERE d.endpoint = $1 AND d.waiting;
@@ -695,6 +720,7 @@ AS $$
 DECLARE
     pattern text;
     header record;
+    was_ordered boolean;
 BEGIN
     IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$' THEN
         RAISE EXCEPTION 'outbox_endpoint_set: an endpoint name is 1 to 63 letters, digits, "_", "." or "-", starting with a letter or digit'
@@ -782,6 +808,15 @@ BEGIN
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    SELECT e.ordered INTO was_ordered
+      FROM @extschema@.outbox_endpoints AS e
+     WHERE e.name = outbox_endpoint_set.name
+       FOR UPDATE;
+    IF was_ordered AND NOT ordered THEN
+        -- As outbox_endpoint_drop: waits for the enqueues in progress (they may be writing
+        -- deliveries that wait for their key) and holds new ones until this commits.
+        LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+    END IF;
     INSERT INTO @extschema@.outbox_endpoints AS e
            (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered, notify)
     VALUES (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered, notify)
@@ -790,8 +825,11 @@ BEGIN
            headers = excluded.headers, timeout = excluded.timeout,
            max_attempts = excluded.max_attempts, max_in_flight = excluded.max_in_flight,
            ordered = excluded.ordered, notify = excluded.notify;
-    IF NOT ordered THEN
-        -- No longer ordered (or never was): whatever waited for its key is due now.
+    IF ordered THEN
+        INSERT INTO @extschema@.outbox_key_sequencers (endpoint) VALUES (outbox_endpoint_set.name)
+        ON CONFLICT DO NOTHING;
+    ELSIF was_ordered THEN
+        -- No longer ordered: whatever waited for its key is due now.
         PERFORM @extschema@.outbox_unorder(outbox_endpoint_set.name);
     END IF;
     PERFORM nextval('@extschema@.outbox_endpoints_version');
@@ -1048,7 +1086,7 @@ BEGIN
     END IF;
     WITH sent AS (
         UPDATE @extschema@.outbox_deliveries AS d
-           SET sent_at = now(), claimed_by = NULL
+           SET sent_at = now(), claimed_by = NULL, waiting = false
           FROM unnest(outbox_ack_batch.event_ids, outbox_ack_batch.attempts) AS a (event_id, attempt)
          WHERE d.endpoint = outbox_ack_batch.endpoint
            AND d.event_id = a.event_id

@@ -103,7 +103,7 @@ BEGIN
     END IF;
     WITH sent AS (
         UPDATE @extschema@.outbox_deliveries AS d
-           SET sent_at = now(), claimed_by = NULL
+           SET sent_at = now(), claimed_by = NULL, waiting = false
           FROM unnest(outbox_ack_batch.event_ids, outbox_ack_batch.attempts) AS a (event_id, attempt)
          WHERE d.endpoint = outbox_ack_batch.endpoint
            AND d.event_id = a.event_id
