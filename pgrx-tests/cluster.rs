@@ -55,7 +55,7 @@ pub fn db() -> Db {
     // outbox_deliveries first: every worker statement that locks it locks it first, so this
     // waits for them instead of deadlocking with them.
     db.execute(
-        "TRUNCATE outbox_deliveries, outbox_keys, outbox_key_arrivals, outbox_delivery_counts, outbox_endpoint_secrets, outbox_unrouted, outbox, processed_events;
+        "TRUNCATE outbox_deliveries, outbox_keys, outbox_key_arrivals, outbox_key_sequencers, outbox_delivery_counts, outbox_endpoint_secrets, outbox_unrouted, outbox, processed_events;
          DELETE FROM outbox_endpoints;
          INSERT INTO outbox_endpoints (name) VALUES ('default')",
     );
@@ -134,6 +134,29 @@ impl Db {
             let sql = "SELECT bool_and(settings_loaded_at > $1) FROM outbox_workers()";
             self.client.query_one(sql, &[&before]).unwrap().get::<_, bool>(0)
         });
+    }
+
+    /// Polls `condition` until it holds, as `wait_until`; on timeout the failure also shows what
+    /// the relay workers were doing then, which may say why.
+    pub fn wait_for(&mut self, what: &str, timeout: Duration, mut condition: impl FnMut(&mut Db) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !condition(self) {
+            if Instant::now() >= deadline {
+                let workers: Vec<String> = self.column(
+                    "SELECT concat_ws(' ', worker, pid, 'in flight', in_flight, 'delivered', delivered, 'failed', failed) FROM outbox_workers()",
+                );
+                let activity: Vec<String> = self.column(
+                    "SELECT concat_ws(' ', pid, state, wait_event_type, wait_event, left(query, 120)) FROM pg_stat_activity
+                      WHERE backend_type = 'outbox_ext relay'",
+                );
+                let deliveries: Vec<String> = self.column(
+                    "SELECT concat_ws(' ', endpoint, 'claimed by', claimed_by, 'attempts', attempts, 'sent', sent_at IS NOT NULL, count(*))
+                       FROM outbox_deliveries GROUP BY endpoint, claimed_by, attempts, sent_at IS NOT NULL ORDER BY 1",
+                );
+                panic!("timed out after {timeout:?} waiting until {what}; workers {workers:?}; activity {activity:?}; deliveries {deliveries:?}");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Whether the event's delivery to the endpoint `default` was acknowledged.

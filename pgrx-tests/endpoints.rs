@@ -187,8 +187,8 @@ fn an_endpoint_that_is_down_slow_or_disabled_never_delays_another() {
     db.execute("SELECT outbox_endpoint_disable('off', 'maintenance')");
 
     let ids: Vec<i64> = (0..50).map(|n| db.enqueue("order.placed", &format!(r#"{{"n": {n}}}"#))).collect();
-    wait_until("every event reaches the healthy endpoint", Duration::from_secs(10), || db.count_to("fast", "sent_at IS NOT NULL") == 50);
-    wait_until("the slow endpoint holds its requests", Duration::from_secs(30), || slow.held() == 50);
+    db.wait_for("every event reaches the healthy endpoint", Duration::from_secs(30), |db| db.count_to("fast", "sent_at IS NOT NULL") == 50);
+    db.wait_for("the slow endpoint holds its requests", Duration::from_secs(30), |_| slow.held() == 50);
     assert_eq!(db.count_to("slow", "sent_at IS NOT NULL"), 0, "none of which has finished");
     assert!(ids.iter().all(|id| fast.deliveries_of(*id).len() == 1), "the disabled endpoint (same URL) got nothing");
     assert_eq!(db.count_to("off", "attempts = 0 AND sent_at IS NULL AND dead_at IS NULL"), 50, "its deliveries wait");
