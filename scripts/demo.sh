@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 . scripts/cluster.sh
-install_extension
+# OUTBOX_USE_INSTALLED=1: run against the extension as installed (e.g. from the .deb that
+# scripts/package.sh builds) instead of building it from this checkout.
+[ "${OUTBOX_USE_INSTALLED:-0}" = 1 ] || install_extension
 
 DIR=$(mktemp -d /tmp/outbox-demo.XXXXXX)
 # Apart from the cluster's directory, which start_cluster empties and hands to postgres.

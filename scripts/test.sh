@@ -45,6 +45,15 @@ clients/test.sh
 # Alert rules under promtool, and the real Prometheus exporter scraped over 127.0.0.1.
 monitoring/test.sh
 
+# The Debian package: built, installed on this machine, and the demo run against what it
+# installed (not against a build of this checkout).
+scripts/package.sh
+deb=$(ls dist/postgresql-15-outbox-ext_*.deb)
+if [ "$(id -u)" = 0 ]; then dpkg -i "$deb" >/dev/null; else sudo dpkg -i "$deb" >/dev/null; fi
+dpkg -S "$("$PG_BIN/pg_config" --pkglibdir)/outbox_ext.so" | grep -q '^postgresql-15-outbox-ext:' ||
+  { echo "test: the installed library is not the package's" >&2; exit 1; }
+OUTBOX_USE_INSTALLED=1 scripts/demo.sh
+
 # The update scripts ship as assembled (cargo pgrx install copies them from sql/): the
 # committed ones must be what their sources give, which the tests above just ran.
 if ! git diff --quiet -- 'sql/outbox_ext--*--*.sql'; then

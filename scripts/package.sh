@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds the Debian package dist/postgresql-15-outbox-ext_<version>_<arch>.deb from
+# `cargo pgrx package`: the library, the control file, the current install script, the update
+# scripts and the frozen install scripts of released versions (so that an installed older
+# version can be updated). Depends on postgresql-15. Install it with
+# `apt-get install ./dist/postgresql-15-outbox-ext_*.deb`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+. scripts/cluster.sh
+assemble_update_scripts
+
+VERSION=$(awk -F'"' '/^version *=/ { print $2; exit }' Cargo.toml)
+ARCH=$(dpkg --print-architecture)
+NAME=postgresql-15-outbox-ext
+echo "== building $NAME $VERSION (cargo pgrx package, release)"
+cargo pgrx package --pg-config "$PG_BIN/pg_config" >/dev/null
+BUILT=target/release/outbox_ext-pg15
+EXTENSION_DIR=$("$PG_BIN/pg_config" --sharedir)/extension
+
+ROOT=$(mktemp -d /tmp/outbox-package.XXXXXX)
+trap 'rm -rf "$ROOT"' EXIT
+cp -a "$BUILT/." "$ROOT/"
+for script in sql/outbox_ext--*.sql; do # released install scripts and the update scripts
+  install -m 644 "$script" "$ROOT$EXTENSION_DIR/"
+done
+install -d "$ROOT/usr/share/doc/$NAME"
+install -m 644 LICENSE "$ROOT/usr/share/doc/$NAME/copyright"
+install -m 644 CHANGELOG.md README.md "$ROOT/usr/share/doc/$NAME/"
+install -d "$ROOT/DEBIAN"
+cat > "$ROOT/DEBIAN/control" <<CONTROL
+Package: $NAME
+Version: $VERSION
+Architecture: $ARCH
+Maintainer: outbox_ext maintainers <outbox-ext@localhost>
+Depends: postgresql-15, libc6, libgcc-s1
+Section: database
+Priority: optional
+Installed-Size: $(du -sk "$ROOT/usr" | cut -f1)
+Description: transactional outbox for PostgreSQL 15
+ outbox_enqueue(topic, payload) writes an event in the caller's transaction;
+ background workers inside PostgreSQL deliver committed events to webhook
+ endpoints (Standard Webhooks signatures, retries, dead deliveries), or
+ consumers claim them over SQL. Add outbox_ext to shared_preload_libraries,
+ restart, then CREATE EXTENSION outbox_ext.
+CONTROL
+mkdir -p dist
+rm -f "dist/${NAME}_"*.deb
+DEB=dist/${NAME}_${VERSION}_${ARCH}.deb
+dpkg-deb --root-owner-group --build "$ROOT" "$DEB" >/dev/null
+echo "== $DEB"
+dpkg-deb --contents "$DEB" | awk '{ print "   " $6 }' | grep -v '/$'
