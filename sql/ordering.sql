@@ -13,7 +13,7 @@
 
 -- Gives every key of the endpoint that needs one a head: first the keys that got waiting
 -- deliveries since the last pass, then every key without a head (its first waiting delivery
--- becomes the head; a key with none left loses its row), at most 1,000 of each per call. One
+-- becomes the head; a key with none left loses its row), at most 10,000 of each per call. One
 -- sequencer per endpoint runs at a time (it locks the endpoint's row of outbox_key_sequencers);
 -- a caller that finds another at work returns at once (0). So does one that would wait for a
 -- row lock (a delivery someone holds in an open transaction): the next call tries again, and
@@ -39,7 +39,7 @@ BEGIN
          WHERE a.ctid = ANY (ARRAY(SELECT x.ctid
                                      FROM @extschema@.outbox_key_arrivals AS x
                                     WHERE x.endpoint = outbox_sequence.endpoint
-                                    LIMIT 1000))
+                                    LIMIT 10000))
         RETURNING a.key
     )
     INSERT INTO @extschema@.outbox_keys (endpoint, key)
@@ -56,7 +56,7 @@ BEGIN
                    AND d.sent_at IS NULL AND d.dead_at IS NULL) AS head
           FROM @extschema@.outbox_keys AS k
          WHERE k.endpoint = outbox_sequence.endpoint AND k.head IS NULL
-         LIMIT 1000
+         LIMIT 10000
            FOR UPDATE SKIP LOCKED
     ), assigned AS (
         UPDATE @extschema@.outbox_keys AS k
