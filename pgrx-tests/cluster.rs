@@ -6,7 +6,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-pub const POSTGRESQL_CONF: &[&str] = &["shared_preload_libraries = 'outbox_ext'", "outbox.database = 'pgrx_tests'", "outbox.workers = 2"];
+/// No outbox.database: the relay serves every database with the extension, as by default.
+/// Room for the launcher, the logical replication launcher and two relay workers in each of
+/// the four databases databases::every_database… serves at once.
+pub const POSTGRESQL_CONF: &[&str] = &["shared_preload_libraries = 'outbox_ext'", "outbox.workers = 2", "max_worker_processes = 16"];
 
 /// The settings tests change; each test starts with them at their defaults.
 const CHANGED_SETTINGS: &[&str] = &[
@@ -147,7 +150,7 @@ impl Db {
                 );
                 let activity: Vec<String> = self.column(
                     "SELECT concat_ws(' ', pid, state, wait_event_type, wait_event, left(query, 120)) FROM pg_stat_activity
-                      WHERE backend_type = 'outbox_ext relay'",
+                      WHERE backend_type = 'outbox_ext relay' AND datname = current_database()",
                 );
                 let deliveries: Vec<String> = self.column(
                     "SELECT concat_ws(' ', endpoint, 'claimed by', claimed_by, 'attempts', attempts, 'sent', sent_at IS NOT NULL, count(*))

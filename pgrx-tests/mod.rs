@@ -8,6 +8,7 @@ mod receiver;
 
 mod bad_settings;
 mod consumer;
+mod databases;
 mod delivery;
 mod dump_restore;
 mod endpoints;

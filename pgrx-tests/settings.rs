@@ -12,7 +12,7 @@ fn every_setting_shows_its_unit_context_and_default() {
     let expected = [
         ("outbox.batch_size", "sighup", "", "100"),
         ("outbox.concurrency", "sighup", "", "128"),
-        ("outbox.database", "postmaster", "", "pgrx_tests"),
+        ("outbox.database", "postmaster", "", ""),
         ("outbox.endpoint_disable_after", "sighup", "s", "5d"),
         ("outbox.http_timeout", "sighup", "ms", "10s"),
         ("outbox.lease", "sighup", "ms", "30s"),

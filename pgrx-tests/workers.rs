@@ -37,12 +37,12 @@ fn no_transaction_or_row_lock_is_held_while_a_request_is_in_flight() {
 
     let open: i64 = db.value(
         "SELECT count(*) FROM pg_stat_activity
-          WHERE backend_type = 'outbox_ext relay' AND (xact_start IS NOT NULL OR backend_xid IS NOT NULL)",
+          WHERE backend_type = 'outbox_ext relay' AND datname = current_database() AND (xact_start IS NOT NULL OR backend_xid IS NOT NULL)",
     );
     assert_eq!(open, 0, "no relay worker has a transaction open");
     let locks: i64 = db.value(
         "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-          WHERE a.backend_type = 'outbox_ext relay'",
+          WHERE a.backend_type = 'outbox_ext relay' AND a.datname = current_database()",
     );
     assert_eq!(locks, 0, "no relay worker holds a lock");
     db.execute(&format!("BEGIN; SELECT event_id FROM outbox_deliveries WHERE event_id = {id} FOR UPDATE NOWAIT; ROLLBACK"));

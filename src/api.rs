@@ -78,8 +78,8 @@ fn reject(code: PgSqlErrorCode, message: String) -> ! {
     ereport!(ERROR, code, message);
 }
 
-/// One row per relay worker slot in use: what an operator checks after a reload or when
-/// deliveries stall. Counters start from zero when the worker (re)starts.
+/// One row per relay worker running in this database: what an operator checks after a reload
+/// or when deliveries stall. Counters start from zero when the worker (re)starts.
 /// Declared in `sql/api.sql`.
 #[pg_extern(sql = false)]
 fn outbox_workers() -> TableIterator<
@@ -94,16 +94,14 @@ fn outbox_workers() -> TableIterator<
     ),
 > {
     use std::sync::atomic::Ordering::Relaxed;
-    let rows: Vec<_> = registry::slots()
-        .iter()
-        .enumerate()
-        .filter(|(_, slot)| slot.running_procno().is_some())
-        .map(|(index, slot)| {
+    let rows: Vec<_> = registry::slots_of(registry::my_database())
+        .filter(|slot| slot.running_procno().is_some())
+        .map(|slot| {
             // SAFETY: the slot holds a PostgreSQL timestamp written by GetCurrentTimestamp; a
             // timestamptz datum is that int64 by value.
             let loaded_at = unsafe { TimestampWithTimeZone::from_datum(slot.settings_loaded_at.load(Relaxed).into(), false) };
             (
-                index as i32 + 1,
+                slot.number() as i32,
                 slot.pid.load(Relaxed),
                 loaded_at.unwrap_or_else(|| error!("outbox_workers: bad timestamp")),
                 slot.in_flight.load(Relaxed),
@@ -115,31 +113,29 @@ fn outbox_workers() -> TableIterator<
     TableIterator::new(rows)
 }
 
-/// Attempts per relay worker slot and outcome class since the server started, for
-/// monitoring: counters that never go backwards while the server runs (a worker that restarts
-/// keeps its slot's counts). Every class of every slot ever used is listed, zeros included,
-/// so that a series exists before its first attempt. Declared in `sql/api.sql`.
+/// Attempts per relay worker of this database and outcome class since the server started,
+/// for monitoring: counters that never go backwards while the server runs (a worker that
+/// restarts keeps its slot's counts). Every class of every worker that ran is listed, zeros
+/// included, so that a series exists before its first attempt. Declared in `sql/api.sql`.
 #[pg_extern(sql = false)]
 fn outbox_worker_attempts() -> TableIterator<'static, (name!(worker, i32), name!(outcome, String), name!(attempts, i64))> {
     use std::sync::atomic::Ordering::Relaxed;
-    let rows: Vec<_> = registry::slots()
-        .iter()
-        .enumerate()
-        .filter(|(_, slot)| slot.running_procno().is_some() || slot.attempts.iter().any(|n| n.load(Relaxed) > 0))
-        .flat_map(|(index, slot)| {
+    let rows: Vec<_> = registry::slots_of(registry::my_database())
+        .filter(|slot| slot.running_procno().is_some() || slot.attempts.iter().any(|n| n.load(Relaxed) > 0))
+        .flat_map(|slot| {
             OutcomeClass::ALL
                 .iter()
-                .map(move |class| (index as i32 + 1, class.label().to_string(), slot.attempts[*class as usize].load(Relaxed)))
+                .map(move |class| (slot.number() as i32, class.label().to_string(), slot.attempts[*class as usize].load(Relaxed)))
         })
         .collect();
     TableIterator::new(rows)
 }
 
-/// Events enqueued by transactions that committed, since the server started. Declared in
+/// Events enqueued in this database by transactions that committed, since the server started. Declared in
 /// `sql/api.sql`.
 #[pg_extern(sql = false)]
 fn outbox_enqueued() -> i64 {
-    registry::enqueued()
+    registry::enqueued(registry::my_database())
 }
 
 /// The statements of `outbox_enqueue`, prepared once per session against the extension's own

@@ -55,7 +55,7 @@ pub extern "C-unwind" fn _PG_init() {
         return;
     }
     redact::install_log_hook();
-    worker::leave_database::install_utility_hook();
+    worker::utility_hook::install();
     worker::registry::init_shared_memory();
     worker::launcher::register();
 }

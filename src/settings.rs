@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 
-pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 pub static WEBHOOK_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static SIGNING_SECRET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
@@ -20,7 +20,7 @@ pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
 pub static ENDPOINT_DISABLE_AFTER_S: GucSetting<i32> = GucSetting::<i32>::new(5 * 24 * 3600);
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
-/// The most relay workers one server starts; shared memory holds one wake slot per worker.
+/// The most relay workers per database (the registry bounds them over all databases).
 pub const MAX_WORKERS: usize = 32;
 const HOUR_MS: i32 = 3_600_000;
 
@@ -31,16 +31,16 @@ pub fn register() {
 
     GucRegistry::define_string_guc(
         c"outbox.database",
-        c"Database the relay workers serve.",
-        c"The workers connect to this database and deliver the events of the outbox_ext extension installed there.",
+        c"The only database the relay workers serve; empty serves every database.",
+        c"Empty: every database where outbox_ext is installed is served. Set: only this one.",
         &DATABASE,
         Postmaster,
         none,
     );
     GucRegistry::define_int_guc(
         c"outbox.workers",
-        c"Relay workers started at server start.",
-        c"Each worker claims and delivers events on its own; they share the queue through row locks.",
+        c"Relay workers per database with outbox_ext.",
+        c"Each worker claims and delivers events on its own; they share the queue through row locks. 0 starts no launcher.",
         &WORKERS,
         0,
         MAX_WORKERS as i32,
@@ -150,6 +150,7 @@ pub fn register() {
     );
 }
 
+/// `outbox.database`: empty for every database.
 pub fn database() -> String {
     string_value(&DATABASE)
 }

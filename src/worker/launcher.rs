@@ -1,20 +1,37 @@
-//! The launcher: one background worker, connected to no database, that starts the relay
-//! workers once the database they serve exists, starts again any that stopped, and starts
-//! none while that database is missing or being dropped. A missing database is waited for
-//! quietly (one log line), not retried with a FATAL every few seconds.
+//! The launcher: one background worker, connected to no database, that serves every database
+//! of the cluster where outbox_ext is installed (or only `outbox.database`, if set), as
+//! TimescaleDB's launcher does. Each second, and whenever a relay worker stops or a CREATE
+//! EXTENSION outbox_ext commits, it reads the shared catalog pg_database and:
+//!
+//! - sends one relay worker to each database it has not looked into yet (a probe): the worker
+//!   stays and serves if it finds the extension, and leaves, saying so, if it does not;
+//! - starts the other `outbox.workers - 1` workers of a database where the extension was found,
+//!   and starts again any that stopped;
+//! - looks again into databases without the extension after a CREATE EXTENSION outbox_ext
+//!   commits anywhere (or a new database appears, e.g. copied from a template that has it);
+//! - starts nothing in a database being dropped or renamed (see `utility_hook`), and forgets
+//!   what it knew of a database once it is gone.
+//!
+//! A restriction to a database that does not exist is waited for quietly (one log line).
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, DynamicBackgroundWorker, SignalWakeFlags};
+use pgrx::pg_sys::Oid;
 use pgrx::prelude::*;
 
-use super::{registry, transaction, wake};
+use super::registry::{self, Found};
+use super::{transaction, wake};
 use crate::settings;
 
-/// How often the launcher looks for the database and at its workers when nothing woke it.
+/// How often the launcher looks at the databases and at its workers when nothing woke it.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// A relay worker that stopped is started again, but not sooner than this after its last start.
 const RESTART_AFTER: Duration = Duration::from_secs(5);
+/// Databases looked into at once, so that a cluster of many databases does not take every
+/// background worker slot (parallel queries use them too) when the server starts.
+const PROBES_AT_ONCE: usize = 2;
 
 /// Registers the launcher; called from `_PG_init` while shared_preload_libraries is processed.
 pub fn register() {
@@ -30,14 +47,6 @@ pub fn register() {
         .load();
 }
 
-/// One relay worker the launcher looks after.
-struct Relay {
-    handle: Option<DynamicBackgroundWorker>,
-    started_at: Option<Instant>,
-    /// Said that no background worker slot was free; said again only after a start succeeded.
-    said_no_slot: bool,
-}
-
 #[pg_guard]
 // SAFETY: an exported name of this library's own, which PostgreSQL looks up by name.
 #[unsafe(no_mangle)]
@@ -46,89 +55,251 @@ pub extern "C-unwind" fn outbox_launcher_main(_arg: pg_sys::Datum) {
     // No database: the launcher reads only the shared catalog pg_database, so it never stands
     // in the way of DROP DATABASE.
     BackgroundWorker::connect_worker_to_spi(None, None);
-    let database = settings::database();
-    let mut relays: Vec<Relay> = (0..settings::workers()).map(|_| Relay { handle: None, started_at: None, said_no_slot: false }).collect();
-    let mut waiting_said = false;
-    log!("outbox_ext launcher started for database \"{database}\"");
+    // SAFETY: MyProc is this process's own PGPROC.
+    registry::publish_launcher(Some(unsafe { (*pg_sys::MyProc).pgprocno }));
+    let mut launcher = Launcher::new(settings::database());
+    match &launcher.restriction {
+        Some(name) => log!("outbox_ext launcher started for database \"{name}\" (outbox.database)"),
+        None => log!("outbox_ext launcher started for every database where outbox_ext is installed"),
+    }
     while !BackgroundWorker::sigterm_received() {
-        if !database_exists(&database) {
-            if !waiting_said {
-                log!("outbox_ext launcher: waiting for database \"{database}\" (outbox.database)");
-                waiting_said = true;
-            }
-        } else if !registry::leaving_database() {
-            waiting_said = false;
-            for (index, relay) in relays.iter_mut().enumerate() {
-                start_if_stopped(relay, index + 1);
-            }
+        if let Some(catalog) = read_pg_database() {
+            launcher.look_after(&catalog);
         }
-        // Woken early by a relay worker that stops (the postmaster notifies the launcher).
+        // Woken early by a relay worker that stops (the postmaster notifies the launcher) and
+        // by a CREATE EXTENSION outbox_ext that commits.
         wake::wait(None, CHECK_EVERY);
     }
+    registry::publish_launcher(None);
     // Exit code 1: the postmaster starts a launcher stopped on its own (pg_terminate_backend)
     // again after RESTART_AFTER; at a server shutdown nothing is restarted anyway.
     // SAFETY: no transaction is open.
     unsafe { pg_sys::proc_exit(1) };
 }
 
-/// Whether the served database exists and takes connections. Read with a plain heap scan of the shared catalog
-/// pg_database, as the autovacuum launcher reads it: a process connected to no database cannot
-/// open its indexes before some backend has built the shared relcache file.
-fn database_exists(name: &str) -> bool {
+/// A row of pg_database, as far as the launcher cares.
+struct CatalogDatabase {
+    oid: Oid,
+    name: String,
+    /// Takes connections: not a template, connections allowed, not left invalid by an
+    /// interrupted DROP DATABASE.
+    servable: bool,
+}
+
+/// What the launcher knows of a database's extension.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Extension {
+    /// Not looked into yet (or again): one worker goes to see.
+    Unknown,
+    Installed,
+    /// Not installed, as of that many CREATE EXTENSION outbox_ext commits in the cluster.
+    Absent {
+        as_of: u64,
+    },
+}
+
+struct Launcher {
+    /// `outbox.database`, if set: the only database served.
+    restriction: Option<String>,
+    databases: HashMap<Oid, Extension>,
+    /// Workers this launcher started, by (database, number), and when.
+    started: HashMap<(Oid, usize), (Option<DynamicBackgroundWorker>, Instant)>,
+    /// Databases with a shared-memory entry that were missing from pg_database at the last look:
+    /// forgotten if still missing now (a database created since the catalog was read would
+    /// otherwise lose the entry its first commits made).
+    missing_once: HashSet<Oid>,
+    said_waiting: bool,
+    said_no_worker_slot: bool,
+    said_no_registry_slot: bool,
+}
+
+impl Launcher {
+    fn new(restriction: String) -> Launcher {
+        Launcher {
+            restriction: (!restriction.is_empty()).then_some(restriction),
+            databases: HashMap::new(),
+            started: HashMap::new(),
+            missing_once: HashSet::new(),
+            said_waiting: false,
+            said_no_worker_slot: false,
+            said_no_registry_slot: false,
+        }
+    }
+
+    fn look_after(&mut self, catalog: &[CatalogDatabase]) {
+        self.forget_gone(catalog);
+        let served: Vec<&CatalogDatabase> =
+            catalog.iter().filter(|db| db.servable && self.restriction.as_ref().is_none_or(|name| *name == db.name)).collect();
+        self.say_if_waiting(!served.is_empty());
+        self.databases.retain(|oid, _| served.iter().any(|db| db.oid == *oid));
+        let created = registry::extensions_created();
+        let mut probes =
+            self.databases.iter().filter(|(oid, extension)| **extension == Extension::Unknown && self.is_running(**oid, 1)).count();
+        for db in served {
+            if registry::leaving(db.oid) {
+                continue;
+            }
+            let extension = self.read_reports(db.oid, created);
+            let workers = match extension {
+                Extension::Installed => settings::workers(),
+                Extension::Unknown if self.is_running(db.oid, 1) => 1,
+                Extension::Unknown if probes < PROBES_AT_ONCE => {
+                    probes += 1;
+                    1
+                }
+                Extension::Unknown | Extension::Absent { .. } => 0,
+            };
+            for number in 1..=workers {
+                self.start_if_stopped(db, number);
+            }
+        }
+    }
+
+    /// Forgets databases that are gone: their shared-memory entries and worker slots.
+    fn forget_gone(&mut self, catalog: &[CatalogDatabase]) {
+        let exists = |oid: Oid| catalog.iter().any(|db| db.oid == oid);
+        let missing: HashSet<Oid> = registry::databases_with_entries().into_iter().filter(|oid| !exists(*oid)).collect();
+        for oid in missing.intersection(&self.missing_once) {
+            registry::forget_database(*oid);
+        }
+        self.missing_once = missing;
+        for slot in registry::slots() {
+            if slot.database() != Oid::INVALID && !exists(slot.database()) && slot.live_pid().is_none() {
+                slot.free();
+            }
+        }
+        self.started.retain(|(oid, _), _| exists(*oid));
+    }
+
+    fn say_if_waiting(&mut self, found: bool) {
+        match &self.restriction {
+            Some(name) if !found && !self.said_waiting => {
+                log!("outbox_ext launcher: waiting for database \"{name}\" (outbox.database)");
+                self.said_waiting = true;
+            }
+            _ if found => self.said_waiting = false,
+            _ => {}
+        }
+    }
+
+    /// What the workers of `database` found there, folded into what the launcher knew. The
+    /// slot of a worker that found no extension and left is freed.
+    fn read_reports(&mut self, database: Oid, created: u64) -> Extension {
+        let known = self.databases.entry(database).or_insert(Extension::Unknown);
+        for slot in registry::slots_of(database) {
+            match slot.found() {
+                (Found::NoExtension, as_of) if slot.live_pid().is_none() => {
+                    *known = match *known {
+                        Extension::Absent { as_of: before } => Extension::Absent { as_of: before.min(as_of) },
+                        _ => Extension::Absent { as_of },
+                    };
+                    slot.free();
+                    // Not a worker that failed: it may start again at once after a CREATE EXTENSION.
+                    self.started.remove(&(database, slot.number()));
+                }
+                (Found::Extension, _) if *known == Extension::Unknown => *known = Extension::Installed,
+                _ => {}
+            }
+        }
+        if let Extension::Absent { as_of } = *known {
+            if created > as_of {
+                *known = Extension::Unknown;
+            }
+        }
+        *known
+    }
+
+    /// Whether worker `number` of `database` runs (or is starting): one this launcher started,
+    /// or one an earlier launcher started before this one was restarted.
+    fn is_running(&self, database: Oid, number: usize) -> bool {
+        let started_here = self
+            .started
+            .get(&(database, number))
+            .and_then(|(handle, _)| handle.as_ref())
+            .is_some_and(|handle| matches!(handle.pid(), Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted)));
+        started_here || registry::slots_of(database).any(|slot| slot.number() == number && slot.live_pid().is_some())
+    }
+
+    fn start_if_stopped(&mut self, db: &CatalogDatabase, number: usize) {
+        let recently = self.started.get(&(db.oid, number)).is_some_and(|(_, at)| at.elapsed() < RESTART_AFTER);
+        if recently || self.is_running(db.oid, number) {
+            return;
+        }
+        // The worker's own slot if it had one (its counters go on), else a free one.
+        let slots = registry::slots();
+        let index = slots.iter().position(|slot| slot.serves(db.oid) && slot.number() == number).or_else(|| {
+            let free = slots.iter().position(|slot| slot.database() == Oid::INVALID)?;
+            slots[free].assign(db.oid, number);
+            Some(free)
+        });
+        let Some(index) = index else {
+            if !std::mem::replace(&mut self.said_no_registry_slot, true) {
+                warning!(
+                    "outbox_ext launcher: cannot start relay {number} in database \"{}\": all {} relay slots are taken",
+                    db.name,
+                    registry::WORKER_SLOTS
+                );
+            }
+            return;
+        };
+        // SAFETY: reads this process's own pid.
+        let launcher = unsafe { pg_sys::MyProcPid };
+        let handle = BackgroundWorkerBuilder::new(&format!("outbox_ext relay {number} in {}", db.name))
+            .set_type("outbox_ext relay")
+            .set_library("outbox_ext")
+            .set_function("outbox_relay_main")
+            .set_argument((index as i32).into_datum())
+            .set_extra(&db.name)
+            .enable_spi_access()
+            .set_notify_pid(launcher)
+            .load_dynamic()
+            .ok();
+        match handle {
+            Some(_) => {
+                self.said_no_worker_slot = false;
+                self.said_no_registry_slot = false;
+            }
+            None if !self.said_no_worker_slot => {
+                warning!(
+                    "outbox_ext launcher: cannot start relay {number} in database \"{}\": no free background worker slot (raise max_worker_processes)",
+                    db.name
+                );
+                self.said_no_worker_slot = true;
+            }
+            None => {}
+        }
+        self.started.insert((db.oid, number), (handle, Instant::now()));
+    }
+}
+
+/// The rows of pg_database, read with a plain heap scan of the shared catalog, as the
+/// autovacuum launcher reads it: a process connected to no database cannot open its indexes
+/// before some backend has built the shared relcache file. `None` if the read failed.
+fn read_pg_database() -> Option<Vec<CatalogDatabase>> {
     transaction::run(|| {
         // SAFETY: inside the transaction `run` opened; the scan and the relation are closed
         // before it ends, and each tuple is read as pg_database's fixed-size part.
         unsafe {
             let relation = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as _);
             let scan = pg_sys::table_beginscan_catalog(relation, 0, std::ptr::null_mut());
-            let mut found = false;
+            let mut rows = Vec::new();
             loop {
                 let tuple = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
                 if tuple.is_null() {
                     break;
                 }
-                let database = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
-                if std::ffi::CStr::from_ptr((*database).datname.data.as_ptr()).to_bytes() == name.as_bytes() {
-                    // One that refuses connections, or that an interrupted DROP DATABASE left
-                    // invalid (datconnlimit -2), counts as missing: a worker could not connect.
-                    found = (*database).datallowconn && (*database).datconnlimit != -2;
-                    break;
-                }
+                let row = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
+                rows.push(CatalogDatabase {
+                    oid: row.oid,
+                    name: std::ffi::CStr::from_ptr(row.datname.data.as_ptr()).to_string_lossy().into_owned(),
+                    // datconnlimit -2: an interrupted DROP DATABASE left it invalid.
+                    servable: row.datallowconn && !row.datistemplate && row.datconnlimit != -2,
+                });
             }
             pg_sys::table_endscan(scan);
             pg_sys::table_close(relation, pg_sys::AccessShareLock as _);
-            Ok(found)
+            Ok(rows)
         }
     })
-    .unwrap_or(false)
-}
-
-fn start_if_stopped(relay: &mut Relay, number: usize) {
-    let started_here =
-        relay.handle.as_ref().is_some_and(|handle| matches!(handle.pid(), Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted)));
-    // A relay that an earlier launcher started (before this one was restarted) still counts.
-    let running = started_here || registry::live_worker(number).is_some();
-    if running || relay.started_at.is_some_and(|at| at.elapsed() < RESTART_AFTER) {
-        return;
-    }
-    // SAFETY: reads this process's own pid.
-    let launcher = unsafe { pg_sys::MyProcPid };
-    relay.started_at = Some(Instant::now());
-    relay.handle = BackgroundWorkerBuilder::new(&format!("outbox_ext relay {number}"))
-        .set_type("outbox_ext relay")
-        .set_library("outbox_ext")
-        .set_function("outbox_relay_main")
-        .set_argument((number as i32).into_datum())
-        .enable_spi_access()
-        .set_notify_pid(launcher)
-        .load_dynamic()
-        .ok();
-    match relay.handle {
-        Some(_) => relay.said_no_slot = false,
-        None if !relay.said_no_slot => {
-            warning!("outbox_ext launcher: cannot start relay {number}: no free background worker slot (raise max_worker_processes)");
-            relay.said_no_slot = true;
-        }
-        None => {}
-    }
+    .ok()
 }

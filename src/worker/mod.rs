@@ -3,10 +3,10 @@
 
 mod endpoints;
 pub mod launcher;
-pub mod leave_database;
 mod queue;
 pub mod registry;
 mod transaction;
+pub mod utility_hook;
 pub mod wake;
 
 use std::convert::Infallible;
@@ -22,11 +22,12 @@ use endpoints::Endpoints;
 pub use queue::claim_batch_sql;
 use queue::DeadDelivery;
 pub use queue::Queries;
+use registry::Found;
 use transaction::TransactionError;
 
 use crate::catalog::LIBRARY_VERSION;
 use crate::delivery::{one_line, Attempt, Outcome, Sender, MAX_ERROR_BYTES};
-use crate::settings::{self, Settings};
+use crate::settings::Settings;
 
 /// How long a stopping worker waits for requests in flight before abandoning them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -43,14 +44,19 @@ const REPEAT_WARNING_AFTER: Duration = Duration::from_secs(60);
 // SAFETY: an exported name of this library's own, which PostgreSQL looks up by name.
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
-    // SAFETY: the postmaster passes the int4 datum set in register_workers.
-    let number = unsafe { i32::from_datum(arg, false) }.unwrap_or(1) as usize;
+    // SAFETY: the postmaster passes the int4 datum the launcher set: this worker's slot.
+    let index = unsafe { i32::from_datum(arg, false) }.unwrap_or(0) as usize;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
+    // By OID, which a RENAME keeps; the launcher wrote the database into the slot.
+    let database = registry::slots()[index].database();
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
+    let slot = registry::claim_slot(index);
+    let number = slot.number();
     let sender = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {number}: {e}"));
-    let slot = registry::claim_slot(number);
     let mut relay = Relay {
         number,
+        database,
+        database_name: BackgroundWorker::get_extra().to_string(),
         slot,
         settings: Settings::read(),
         sender,
@@ -62,14 +68,18 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     relay.run();
     registry::release_slot(slot);
     relay.sender.abandon();
-    // The launcher starts a stopped worker again, unless the server is shutting down or the
-    // database is going away.
+    // The launcher starts a stopped worker again, unless the server is shutting down, the
+    // database is going away or has no outbox_ext.
     // SAFETY: no transaction is open; proc_exit runs PostgreSQL's exit callbacks.
     unsafe { pg_sys::proc_exit(0) };
 }
 
 struct Relay {
+    /// The worker's number within its database, from 1.
     number: usize,
+    database: pg_sys::Oid,
+    /// As the launcher knew it, for the log.
+    database_name: String,
     slot: &'static registry::WorkerSlot,
     settings: Settings,
     sender: Sender,
@@ -94,11 +104,15 @@ enum Stop {
 
 impl Relay {
     fn run(&mut self) {
-        log!("outbox_ext relay {} started for database \"{}\"", self.number, settings::database());
         if let Err(e) = queue::pin_search_path() {
             error!("outbox_ext relay {}: cannot pin the search_path: {e}", self.number);
         }
-        while let Some(queries) = self.wait_for_extension() {
+        let mut served = false;
+        while let Some(queries) = self.wait_for_extension(served) {
+            if !served {
+                log!("outbox_ext relay {} started in database \"{}\"", self.number, self.database_name);
+                served = true;
+            }
             match self.deliver(&queries) {
                 Stop::Shutdown | Stop::LeavingDatabase => return,
                 Stop::ExtensionChanged => {
@@ -115,33 +129,48 @@ impl Relay {
         }
     }
 
-    /// A preloaded worker starts before anyone ran CREATE EXTENSION, and an extension can be
-    /// dropped, re-created elsewhere or wait for ALTER EXTENSION UPDATE: wait quietly, saying
-    /// once why. `None` on SIGTERM.
-    fn wait_for_extension(&mut self) -> Option<Queries> {
+    /// Finds the extension in this database. Without it, the worker reports so to the launcher
+    /// and leaves (`None`; the launcher sends one again after a CREATE EXTENSION outbox_ext);
+    /// saying so in the log only if it `served` the database before, since the launcher looks
+    /// into every database. While the installed schema waits for ALTER EXTENSION UPDATE, or
+    /// cannot be prepared, it waits quietly, saying once why. `None` on SIGTERM, or when the
+    /// database is being dropped or renamed.
+    fn wait_for_extension(&mut self, served: bool) -> Option<Queries> {
         let mut said = String::new();
         loop {
-            if registry::leaving_database() {
+            if registry::leaving(self.database) {
                 return None;
             }
+            // Read before the lookup: a CREATE EXTENSION that commits after it counts above it.
+            let as_of = registry::extensions_created();
             let reason = match queue::find_installation() {
-                Ok(Some(installation)) if installation.is_current() => {
-                    let (version, schema) = (installation.version.clone(), installation.schema.clone());
-                    match queue::prepare(installation) {
-                        Ok(queries) => {
-                            if !said.is_empty() {
-                                log!("outbox_ext relay {}: outbox_ext {version} found in schema {schema}", self.number);
+                Ok(Some(installation)) => {
+                    self.slot.report(Found::Extension, as_of);
+                    if !installation.is_current() {
+                        format!(
+                            "waiting for ALTER EXTENSION outbox_ext UPDATE (its schema is version {}, this library {LIBRARY_VERSION})",
+                            installation.version
+                        )
+                    } else {
+                        let (version, schema) = (installation.version.clone(), installation.schema.clone());
+                        match queue::prepare(installation) {
+                            Ok(queries) => {
+                                if !said.is_empty() {
+                                    log!("outbox_ext relay {}: outbox_ext {version} found in schema {schema}", self.number);
+                                }
+                                return Some(queries);
                             }
-                            return Some(queries);
+                            Err(e) => format!("cannot prepare its statements: {e}"),
                         }
-                        Err(e) => format!("cannot prepare its statements: {e}"),
                     }
                 }
-                Ok(Some(installation)) => format!(
-                    "waiting for ALTER EXTENSION outbox_ext UPDATE (its schema is version {}, this library {LIBRARY_VERSION})",
-                    installation.version
-                ),
-                Ok(None) => "waiting for CREATE EXTENSION outbox_ext".to_string(),
+                Ok(None) => {
+                    self.slot.report(Found::NoExtension, as_of);
+                    if served {
+                        log!("outbox_ext relay {}: leaving database \"{}\", where outbox_ext was dropped", self.number, self.database_name);
+                    }
+                    return None;
+                }
                 Err(e) => format!("cannot look up the extension: {e}"),
             };
             if reason != said {
@@ -195,12 +224,12 @@ impl Relay {
 
     /// On SIGTERM, or when a DROP DATABASE or RENAME of this database waits for the workers.
     fn stop_if_asked(&mut self, queries: &Queries) -> Result<(), Stop> {
-        if registry::leaving_database() {
+        if registry::leaving(self.database) {
             // Acknowledgements already received are written first (the command waits up to
             // 5 s for the workers); requests still in flight come back by their lease.
             let finished = self.sender.take_finished();
             let _ = self.record_finished(queries, finished);
-            log!("outbox_ext relay {}: leaving database \"{}\", which is being dropped or renamed", self.number, settings::database());
+            log!("outbox_ext relay {}: leaving database \"{}\", which is being dropped or renamed", self.number, self.database_name);
             return Err(Stop::LeavingDatabase);
         }
         if BackgroundWorker::sigterm_received() {

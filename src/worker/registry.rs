@@ -1,28 +1,57 @@
-//! One shared-memory slot per relay worker: how commits find a worker's latch, and what
-//! `outbox_workers()` shows an operator. Written by the worker, read by any backend.
+//! What the launcher, the relay workers and every backend share in memory: one slot per relay
+//! worker (how commits find a worker's latch, what `outbox_workers()` shows, and what the
+//! worker found in its database), one entry per database (committed enqueues, and whether a
+//! DROP or RENAME of it is waiting for its workers), and the launcher's latch.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
+use pgrx::pg_sys::Oid;
 use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
 use pgrx::{pg_shmem_init, PgAtomic};
 
 use crate::delivery::OutcomeClass;
-use crate::settings::MAX_WORKERS;
+
+/// Relay workers running at once, over every database.
+pub const WORKER_SLOTS: usize = 128;
+/// Databases the launcher looks after at once (served, probed or being dropped).
+pub const DATABASE_SLOTS: usize = 256;
 
 const NO_PROC: i32 = -1;
+const NO_DATABASE: u32 = 0;
+
+/// What a relay worker found in its database, for the launcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// Nothing yet (the worker is starting).
+    Nothing = 0,
+    /// outbox_ext is installed (perhaps waiting for ALTER EXTENSION UPDATE).
+    Extension = 1,
+    /// outbox_ext is not installed: the worker left.
+    NoExtension = 2,
+}
 
 pub struct WorkerSlot {
+    /// The database this slot's worker serves (its OID), NO_DATABASE while the slot is free.
+    /// Written by the launcher only.
+    database: AtomicU32,
+    /// The worker's number within its database, from 1.
+    number: AtomicI32,
     /// PGPROC number while the worker runs, NO_PROC otherwise.
-    pub procno: AtomicI32,
+    procno: AtomicI32,
     pub pid: AtomicI32,
+    found: AtomicI32,
+    /// The count of CREATE EXTENSION commits read before the lookup that found none: a later
+    /// one may have installed it.
+    absent_as_of: AtomicU64,
     /// When the worker began working with the settings it last read (PostgreSQL timestamp, µs).
     pub settings_loaded_at: AtomicI64,
     pub in_flight: AtomicI64,
     pub delivered: AtomicI64,
     pub failed: AtomicI64,
-    /// Attempts by outcome class (indexed by `OutcomeClass as usize`) since the server started:
-    /// kept when the worker restarts, so they never go backwards (monitoring counters).
+    /// Attempts by outcome class (indexed by `OutcomeClass as usize`) since the launcher gave
+    /// the slot to this database and number: kept when the worker restarts, so they never go
+    /// backwards (monitoring counters).
     pub attempts: [AtomicI64; OutcomeClass::ALL.len()],
 }
 
@@ -32,8 +61,12 @@ unsafe impl PGRXSharedMemory for WorkerSlot {}
 impl WorkerSlot {
     fn empty() -> WorkerSlot {
         WorkerSlot {
+            database: AtomicU32::new(NO_DATABASE),
+            number: AtomicI32::new(0),
             procno: AtomicI32::new(NO_PROC),
             pid: AtomicI32::new(0),
+            found: AtomicI32::new(Found::Nothing as i32),
+            absent_as_of: AtomicU64::new(0),
             settings_loaded_at: AtomicI64::new(0),
             in_flight: AtomicI64::new(0),
             delivered: AtomicI64::new(0),
@@ -46,16 +79,80 @@ impl WorkerSlot {
         let procno = self.procno.load(Ordering::SeqCst);
         (procno != NO_PROC).then_some(procno as usize)
     }
+
+    pub fn database(&self) -> Oid {
+        Oid::from(self.database.load(Ordering::SeqCst))
+    }
+
+    pub fn number(&self) -> usize {
+        self.number.load(Ordering::SeqCst) as usize
+    }
+
+    pub fn serves(&self, database: Oid) -> bool {
+        self.database() == database && database != Oid::INVALID
+    }
+
+    /// The pid of a live process holding the slot, if any: a launcher that was restarted
+    /// finds the workers its predecessor started.
+    pub fn live_pid(&self) -> Option<i32> {
+        let pid = self.pid.load(Ordering::SeqCst);
+        // SAFETY: signal 0 only asks whether the process exists.
+        (pid > 0 && unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+    }
+
+    /// What the worker last found, and (for `NoExtension`) as of which CREATE EXTENSION count.
+    pub fn found(&self) -> (Found, u64) {
+        let found = match self.found.load(Ordering::SeqCst) {
+            1 => Found::Extension,
+            2 => Found::NoExtension,
+            _ => Found::Nothing,
+        };
+        (found, self.absent_as_of.load(Ordering::SeqCst))
+    }
+
+    /// Tells the launcher what the worker found; woken when it is news, so that the other
+    /// workers of a database where the extension was found start at once.
+    pub fn report(&self, found: Found, as_of: u64) {
+        self.absent_as_of.store(as_of, Ordering::SeqCst);
+        if self.found.swap(found as i32, Ordering::SeqCst) != found as i32 {
+            wake_launcher();
+        }
+    }
+
+    /// Gives the free slot to worker `number` of `database`, its counters from zero.
+    pub fn assign(&self, database: Oid, number: usize) {
+        self.attempts.iter().for_each(|n| n.store(0, Ordering::Relaxed));
+        self.found.store(Found::Nothing as i32, Ordering::SeqCst);
+        self.number.store(number as i32, Ordering::SeqCst);
+        self.database.store(database.to_u32(), Ordering::SeqCst);
+    }
+
+    /// Frees the slot of a worker that stopped for good (its database or extension is gone).
+    pub fn free(&self) {
+        self.database.store(NO_DATABASE, Ordering::SeqCst);
+    }
 }
 
-/// What the workers, the launcher and every backend share.
-pub struct Shared {
-    slots: [WorkerSlot; MAX_WORKERS],
-    /// How many DROP DATABASE or ALTER DATABASE … RENAME commands of the served database are
-    /// running: while any is, the relay workers leave it at once and the launcher starts none.
-    leaving_database: AtomicI32,
+/// Per database, kept by the backends and the launcher.
+pub struct DatabaseSlot {
+    oid: AtomicU32,
     /// Events enqueued by transactions that committed, since the server started.
     enqueued: AtomicI64,
+    /// How many DROP DATABASE or ALTER DATABASE … RENAME commands of it are running: while any
+    /// is, its relay workers leave at once and the launcher starts none there.
+    leaving: AtomicI32,
+}
+
+// SAFETY: as for WorkerSlot.
+unsafe impl PGRXSharedMemory for DatabaseSlot {}
+
+pub struct Shared {
+    workers: [WorkerSlot; WORKER_SLOTS],
+    databases: [DatabaseSlot; DATABASE_SLOTS],
+    /// CREATE EXTENSION outbox_ext commits since the server started, in any database.
+    extensions_created: AtomicU64,
+    /// The launcher's PGPROC number, NO_PROC while none runs.
+    launcher_procno: AtomicI32,
 }
 
 // SAFETY: as for WorkerSlot.
@@ -71,69 +168,43 @@ static READY: AtomicBool = AtomicBool::new(false);
 pub fn init_shared_memory() {
     pg_shmem_init!(
         SHARED = Shared {
-            slots: std::array::from_fn(|_| WorkerSlot::empty()),
-            leaving_database: AtomicI32::new(0),
-            enqueued: AtomicI64::new(0),
+            workers: std::array::from_fn(|_| WorkerSlot::empty()),
+            databases: std::array::from_fn(|_| DatabaseSlot {
+                oid: AtomicU32::new(NO_DATABASE),
+                enqueued: AtomicI64::new(0),
+                leaving: AtomicI32::new(0)
+            }),
+            extensions_created: AtomicU64::new(0),
+            launcher_procno: AtomicI32::new(NO_PROC),
         }
     );
     READY.store(true, Ordering::Relaxed);
 }
 
-/// The slots, or none when the library was not preloaded (no workers exist then).
+fn shared() -> Option<&'static Shared> {
+    READY.load(Ordering::Relaxed).then(|| SHARED.get())
+}
+
+/// Every worker slot, or none when the library was not preloaded (no workers exist then).
 pub fn slots() -> &'static [WorkerSlot] {
-    if READY.load(Ordering::Relaxed) {
-        &SHARED.get().slots
-    } else {
-        &[]
-    }
+    shared().map_or(&[], |shared| &shared.workers)
 }
 
-/// Whether the relay workers must leave their database (see `Shared::leaving_database`).
-pub fn leaving_database() -> bool {
-    READY.load(Ordering::Relaxed) && SHARED.get().leaving_database.load(Ordering::SeqCst) > 0
+/// The slots of the workers serving `database`.
+pub fn slots_of(database: Oid) -> impl Iterator<Item = &'static WorkerSlot> {
+    slots().iter().filter(move |slot| slot.serves(database))
 }
 
-pub fn begin_leaving_database() {
-    if READY.load(Ordering::Relaxed) {
-        SHARED.get().leaving_database.fetch_add(1, Ordering::SeqCst);
-    }
+/// This backend's database.
+pub fn my_database() -> Oid {
+    // SAFETY: a plain global of this process, set when it connected.
+    unsafe { pg_sys::MyDatabaseId }
 }
 
-pub fn end_leaving_database(requests: i32) {
-    if READY.load(Ordering::Relaxed) {
-        SHARED.get().leaving_database.fetch_sub(requests, Ordering::SeqCst);
-    }
-}
-
-/// Counts the events of a transaction that just committed.
-pub fn count_enqueued(events: i64) {
-    if READY.load(Ordering::Relaxed) {
-        SHARED.get().enqueued.fetch_add(events, Ordering::Relaxed);
-    }
-}
-
-/// Events enqueued by committed transactions since the server started (0 when the library was
-/// not preloaded).
-pub fn enqueued() -> i64 {
-    if READY.load(Ordering::Relaxed) {
-        SHARED.get().enqueued.load(Ordering::Relaxed)
-    } else {
-        0
-    }
-}
-
-/// The pid of a live process holding slot `number` (counting from 1), if any: a launcher that
-/// was restarted finds the workers its predecessor started.
-pub fn live_worker(number: usize) -> Option<i32> {
-    let pid = slots().get(number - 1)?.pid.load(Ordering::SeqCst);
-    // SAFETY: signal 0 only asks whether the process exists.
-    (pid > 0 && unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
-}
-
-/// The calling worker's slot (`number` counts from 1), marked as running, its counters from
-/// zero (but not `attempts`, which count since the server started).
-pub fn claim_slot(number: usize) -> &'static WorkerSlot {
-    let slot = &SHARED.get().slots[number - 1];
+/// The calling worker's slot (`index` from the launcher), marked as running, its counters
+/// from zero (but not `attempts`).
+pub fn claim_slot(index: usize) -> &'static WorkerSlot {
+    let slot = &slots()[index];
     slot.in_flight.store(0, Ordering::Relaxed);
     slot.delivered.store(0, Ordering::Relaxed);
     slot.failed.store(0, Ordering::Relaxed);
@@ -149,4 +220,93 @@ pub fn release_slot(slot: &WorkerSlot) {
     slot.procno.store(NO_PROC, Ordering::SeqCst);
     slot.pid.store(0, Ordering::SeqCst);
     slot.in_flight.store(0, Ordering::Relaxed);
+}
+
+/// The entries of `database` (normally one; two backends adding it at once may make two, which
+/// readers sum).
+fn entries_of(database: Oid) -> impl Iterator<Item = &'static DatabaseSlot> {
+    let databases = shared().map_or(&[][..], |shared| &shared.databases[..]);
+    databases.iter().filter(move |entry| entry.oid.load(Ordering::SeqCst) == database.to_u32())
+}
+
+/// The entry of `database`, added if missing; `None` if every entry is taken.
+fn entry_of(database: Oid) -> Option<&'static DatabaseSlot> {
+    if let Some(entry) = entries_of(database).next() {
+        return Some(entry);
+    }
+    let databases = &shared()?.databases;
+    databases.iter().find(|entry| entry.oid.compare_exchange(NO_DATABASE, database.to_u32(), Ordering::SeqCst, Ordering::SeqCst).is_ok())
+}
+
+/// Counts the events of a transaction that just committed in this database.
+pub fn count_enqueued(events: i64) {
+    if let Some(entry) = entry_of(my_database()) {
+        entry.enqueued.fetch_add(events, Ordering::Relaxed);
+    }
+}
+
+/// Events enqueued by committed transactions in `database` since the server started.
+pub fn enqueued(database: Oid) -> i64 {
+    entries_of(database).map(|entry| entry.enqueued.load(Ordering::Relaxed)).sum()
+}
+
+/// Whether the relay workers must leave `database` (see `DatabaseSlot::leaving`).
+pub fn leaving(database: Oid) -> bool {
+    entries_of(database).any(|entry| entry.leaving.load(Ordering::SeqCst) > 0)
+}
+
+/// Asks the workers of `database` to leave; false if no entry was free to say it in.
+pub fn begin_leaving(database: Oid) -> bool {
+    entry_of(database).map(|entry| entry.leaving.fetch_add(1, Ordering::SeqCst)).is_some()
+}
+
+pub fn end_leaving(database: Oid, requests: i32) {
+    if let Some(entry) = entries_of(database).find(|entry| entry.leaving.load(Ordering::SeqCst) > 0) {
+        entry.leaving.fetch_sub(requests, Ordering::SeqCst);
+    }
+}
+
+/// The databases that have an entry.
+pub fn databases_with_entries() -> Vec<Oid> {
+    let databases = shared().map_or(&[][..], |shared| &shared.databases[..]);
+    databases.iter().map(|entry| entry.oid.load(Ordering::SeqCst)).filter(|oid| *oid != NO_DATABASE).map(Oid::from).collect()
+}
+
+/// Drops the entries of `database`, which is gone, with their counters; not while a DROP of it
+/// has yet to finish.
+pub fn forget_database(database: Oid) {
+    for entry in entries_of(database) {
+        if entry.leaving.load(Ordering::SeqCst) == 0 {
+            entry.enqueued.store(0, Ordering::Relaxed);
+            entry.oid.store(NO_DATABASE, Ordering::SeqCst);
+        }
+    }
+}
+
+/// How many CREATE EXTENSION outbox_ext have committed since the server started.
+pub fn extensions_created() -> u64 {
+    shared().map_or(0, |shared| shared.extensions_created.load(Ordering::SeqCst))
+}
+
+/// Called once a CREATE EXTENSION outbox_ext committed: the launcher looks again at the
+/// databases where it found none.
+pub fn note_extension_created() {
+    if let Some(shared) = shared() {
+        shared.extensions_created.fetch_add(1, Ordering::SeqCst);
+        wake_launcher();
+    }
+}
+
+fn wake_launcher() {
+    let procno = shared().map_or(NO_PROC, |shared| shared.launcher_procno.load(Ordering::SeqCst));
+    if procno != NO_PROC {
+        super::wake::set_latch(procno as usize);
+    }
+}
+
+/// The launcher says where its latch is (or that it stopped, with `None`).
+pub fn publish_launcher(procno: Option<i32>) {
+    if let Some(shared) = shared() {
+        shared.launcher_procno.store(procno.unwrap_or(NO_PROC), Ordering::SeqCst);
+    }
 }

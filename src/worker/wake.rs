@@ -1,7 +1,7 @@
 //! Waking relay workers the moment an enqueuing transaction commits.
 //!
 //! Each worker publishes its PGPROC number in its registry slot; `outbox_enqueue` arms a
-//! transaction callback that sets those workers' latches at commit (and counts the
+//! transaction callback that sets the latches of the database's workers at commit (and counts the
 //! transaction's events for `outbox_enqueued()`). A rolled-back transaction wakes nobody and
 //! counts nothing. Polling (`outbox.poll_interval`) remains the fallback, e.g. after a
 //! two-phase commit or on a server where the library is not preloaded.
@@ -40,7 +40,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
             let events = ENQUEUED_IN_TRANSACTION.swap(0, Ordering::Relaxed);
             if events > 0 {
                 registry::count_enqueued(events);
-                wake_all_workers();
+                wake_workers_of(registry::my_database());
             }
         }
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {
@@ -50,14 +50,18 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     }
 }
 
-pub fn wake_all_workers() {
-    for procno in registry::slots().iter().filter_map(|slot| slot.running_procno()) {
-        // A stale slot (a worker that crashed) only causes a harmless spurious wakeup.
-        // SAFETY: procno is a PGPROC number a worker published, below ProcGlobal's count; the
-        // PGPROC array lives in shared memory for the server's life, and SetLatch may be
-        // called on another process's latch.
-        unsafe { pg_sys::SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno)).procLatch) };
-    }
+/// Wakes the relay workers serving `database`.
+pub fn wake_workers_of(database: pg_sys::Oid) {
+    // A stale slot (a worker that crashed) only causes a harmless spurious wakeup.
+    registry::slots_of(database).filter_map(|slot| slot.running_procno()).for_each(set_latch);
+}
+
+/// Sets the latch of the process with PGPROC number `procno`.
+pub fn set_latch(procno: usize) {
+    // SAFETY: procno is a PGPROC number a worker or the launcher published, below ProcGlobal's
+    // count; the PGPROC array lives in shared memory for the server's life, and SetLatch may be
+    // called on another process's latch.
+    unsafe { pg_sys::SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno)).procLatch) };
 }
 
 /// What ended a wait.
