@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Drives a cluster (set up by monitoring/test.sh) and checks what the exporter shows: events
 enqueued and rolled back, delivered to one endpoint, failing to dead at another (503), failing
-at a third (down); a worker restarted; an endpoint disabled. Prints the scraped outbox series."""
+at a third (down); a worker restarted; an endpoint disabled; and a second database (shop),
+whose series carry its own database label and counts. Prints the scraped outbox series."""
 
 import os
 import subprocess
@@ -15,10 +16,11 @@ PORT = os.environ["MONITORING_PGPORT"]
 RECEIVER_PORT = int(os.environ["MONITORING_RECEIVER_PORT"])
 METRICS_URL = os.environ["MONITORING_METRICS_URL"]
 EVENTS = 20
+SHOP_EVENTS = 7
 
 
-def sql(query):
-    return subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-tAq",
+def sql(query, database="postgres"):
+    return subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-d", database, "-X", "-tAq",
                            "-v", "ON_ERROR_STOP=1", "-c", query],
                           check=True, capture_output=True, text=True).stdout.strip()
 
@@ -59,9 +61,9 @@ def scrape():
     return samples, text
 
 
-def value(samples, name, **labels):
-    """The sum of the samples of `name` whose labels include `labels`."""
-    wanted = set(labels.items())
+def value(samples, name, database="postgres", **labels):
+    """The sum of the samples of `name` in `database` whose labels include `labels`."""
+    wanted = set(labels.items()) | {("database", database)}
     matching = [v for (n, pairs), v in samples.items() if n == name and wanted <= set(pairs)]
     assert matching, f"no series {name} {labels} in the scrape"
     return sum(matching)
@@ -74,6 +76,9 @@ def main():
         sql(f"SELECT outbox_enqueue('metrics.test', '{{\"n\": {n}}}')")
     for n in range(5):
         sql(f"BEGIN; SELECT outbox_enqueue('metrics.test', '{{\"rolled_back\": {n}}}'); ROLLBACK;")
+    sql(f"SELECT outbox_enqueue('shop.test', '{{}}') FROM generate_series(1, {SHOP_EVENTS})", database="shop")
+    wait_until("shop's events are sent", lambda: sql(
+        "SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NOT NULL", database="shop") == str(SHOP_EVENTS))
     wait_until("default has them all and failing's are dead", lambda: sql(
         "SELECT count(*) FILTER (WHERE endpoint = 'default' AND sent_at IS NOT NULL) = 20"
         " AND count(*) FILTER (WHERE endpoint = 'failing' AND dead_at IS NOT NULL) = 20 FROM outbox_deliveries") == "t")
@@ -92,6 +97,10 @@ def main():
         (value(samples, "outbox_endpoint_pending", endpoint="default") + value(samples, "outbox_endpoint_waiting", endpoint="default"), 0, "nothing left at default"),
         (value(samples, "outbox_endpoint_pending", endpoint="down") + value(samples, "outbox_endpoint_waiting", endpoint="down"), EVENTS, "down's deliveries wait"),
         (value(samples, "outbox_endpoint_disabled", endpoint="down"), 0, "down is enabled"),
+        (value(samples, "outbox_events_enqueued_total", database="shop"), SHOP_EVENTS, "shop's own events"),
+        (value(samples, "outbox_deliveries_sent_total", database="shop"), SHOP_EVENTS, "shop's deliveries"),
+        (value(samples, "outbox_workers_running", database="shop"), 2, "shop's two workers"),
+        (value(samples, "outbox_worker_attempts_total", database="shop", outcome="2xx"), SHOP_EVENTS, "shop's 2xx"),
     ]
     unreachable = value(samples, "outbox_worker_attempts_total", outcome="unreachable")
     failing_seconds = value(samples, "outbox_endpoint_failing_seconds", endpoint="down")

@@ -2,7 +2,9 @@
 # Monitoring, end to end: the alert rules checked and unit tested with promtool; then the real
 # prometheus-postgres-exporter with monitoring/queries.yaml against a throwaway cluster whose
 # workers deliver to a receiver on 127.0.0.1 (one endpoint answering 204, one 503, one down),
-# scraped over 127.0.0.1 and checked by monitoring/check_metrics.py. Run by scripts/test.sh.
+# scraped over 127.0.0.1 and checked by monitoring/check_metrics.py. Two databases have the
+# extension, each scraped through its own data source name (the exporter's way to read several
+# databases), so every outbox series carries a database label. Run by scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,10 +35,15 @@ start_cluster "$DIR/pg" "$PORT" "outbox.workers = 2" "outbox.poll_interval = '20
   "outbox.webhook_url = 'http://127.0.0.1:$RECEIVER_PORT/ok'"
 psql_cluster -q -c "CREATE EXTENSION outbox_ext" \
   -c "SELECT outbox_endpoint_set('failing', 'http://127.0.0.1:$RECEIVER_PORT/fail', max_attempts => 2)" \
-  -c "SELECT outbox_endpoint_set('down', 'http://127.0.0.1:9/', max_attempts => 1000)" >/dev/null
-DATA_SOURCE_NAME="postgresql://postgres@127.0.0.1:$PORT/postgres?sslmode=disable" \
+  -c "SELECT outbox_endpoint_set('down', 'http://127.0.0.1:9/', max_attempts => 1000)" \
+  -c "CREATE DATABASE shop" >/dev/null
+psql_cluster -q -d shop -c "CREATE EXTENSION outbox_ext" >/dev/null
+# The collectors that read the whole server are off: with two data source names on one server
+# they would report the same series twice.
+DATA_SOURCE_NAME="postgresql://postgres@127.0.0.1:$PORT/postgres?sslmode=disable,postgresql://postgres@127.0.0.1:$PORT/shop?sslmode=disable" \
   prometheus-postgres-exporter --web.listen-address="127.0.0.1:$EXPORTER_PORT" \
   --extend.query-path=monitoring/queries.yaml --disable-default-metrics --disable-settings-metrics \
+  --no-collector.database --no-collector.bgwriter \
   >"$DIR/exporter.log" 2>&1 &
 exporter=$!
 MONITORING_PGPORT=$PORT MONITORING_RECEIVER_PORT=$RECEIVER_PORT \
