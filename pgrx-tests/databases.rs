@@ -125,14 +125,23 @@ fn every_database_with_the_extension_is_served_and_one_dropped_or_renamed_mid_ru
         wait_until(&format!("every event of {name} is sent"), WAIT, || sent_in(client) == events);
         assert_eq!(received_from(&receiver, name), everything(events), "the receiver got every event of {name}");
     }
-    let expected: HashMap<String, i64> = [(a.clone(), 2), (renamed.clone(), 2), (late.clone(), 2)].into();
-    db.wait_for("two workers in each served database, none left in the dropped one", WAIT, |db| relays_per_database(db) == expected);
+    let mut expected: HashMap<String, i64> = [(a.clone(), 2), (renamed.clone(), 2), (late.clone(), 2)].into();
+    db.wait_for("two workers in each served database, the renamed one too", WAIT, |db| relays_per_database(db) == expected);
     let enqueued: i64 = a_client.query_one("SELECT outbox_enqueued()", &[]).unwrap().get(0);
     assert_eq!(enqueued, produced_in_a, "outbox_enqueued() counts this database's events only");
     let workers: Vec<i32> =
         a_client.query("SELECT worker FROM outbox_workers() ORDER BY 1", &[]).unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(workers, [1, 2], "outbox_workers() shows this database's workers");
     assert!(picked_up < Duration::from_secs(10), "picked up after {picked_up:?}");
+
+    // Without the extension a database's workers leave, and the launcher does not look into it
+    // again until a CREATE EXTENSION commits there: only that wakeup brings them back.
+    a_client.batch_execute("DROP EXTENSION outbox_ext CASCADE").unwrap();
+    expected.remove(&a);
+    db.wait_for("the workers leave the database whose extension was dropped", WAIT, |db| relays_per_database(db) == expected);
+    a_client.batch_execute("CREATE EXTENSION outbox_ext").unwrap();
+    expected.insert(a.clone(), 2);
+    db.wait_for("the workers come back with the extension", Duration::from_secs(10), |db| relays_per_database(db) == expected);
 
     drop((a_client, renamed_client, late_client));
     for name in [&a, &renamed, &late, &plain] {

@@ -7,8 +7,9 @@
 //!   stays and serves if it finds the extension, and leaves, saying so, if it does not;
 //! - starts the other `outbox.workers - 1` workers of a database where the extension was found,
 //!   and starts again any that stopped;
-//! - looks again into databases without the extension after a CREATE EXTENSION outbox_ext
-//!   commits anywhere (or a new database appears, e.g. copied from a template that has it);
+//! - looks again into a database without the extension once a CREATE EXTENSION outbox_ext
+//!   commits there (a new database, e.g. copied from a template that has it, is looked into
+//!   as new);
 //! - starts nothing in a database being dropped or renamed (see `utility_hook`), and forgets
 //!   what it knew of a database once it is gone.
 //!
@@ -92,7 +93,8 @@ enum Extension {
     /// Not looked into yet (or again): one worker goes to see.
     Unknown,
     Installed,
-    /// Not installed, as of that many CREATE EXTENSION outbox_ext commits in the cluster.
+    /// Not installed, as of that many CREATE EXTENSION outbox_ext commits in the cluster (see
+    /// `registry::extension_created_in`).
     Absent {
         as_of: u64,
     },
@@ -132,14 +134,13 @@ impl Launcher {
             catalog.iter().filter(|db| db.servable && self.restriction.as_ref().is_none_or(|name| *name == db.name)).collect();
         self.say_if_waiting(!served.is_empty());
         self.databases.retain(|oid, _| served.iter().any(|db| db.oid == *oid));
-        let created = registry::extensions_created();
         let mut probes =
             self.databases.iter().filter(|(oid, extension)| **extension == Extension::Unknown && self.is_running(**oid, 1)).count();
         for db in served {
             if registry::leaving(db.oid) {
                 continue;
             }
-            let extension = self.read_reports(db.oid, created);
+            let extension = self.read_reports(db.oid);
             let workers = match extension {
                 Extension::Installed => settings::workers(),
                 Extension::Unknown if self.is_running(db.oid, 1) => 1,
@@ -164,7 +165,8 @@ impl Launcher {
         }
         self.missing_once = missing;
         for slot in registry::slots() {
-            if slot.database() != Oid::INVALID && !exists(slot.database()) && slot.live_pid().is_none() {
+            let database = slot.database();
+            if database != Oid::INVALID && !exists(database) && !self.is_running(database, slot.number()) {
                 slot.free();
             }
         }
@@ -183,8 +185,9 @@ impl Launcher {
     }
 
     /// What the workers of `database` found there, folded into what the launcher knew. The
-    /// slot of a worker that found no extension and left is freed.
-    fn read_reports(&mut self, database: Oid, created: u64) -> Extension {
+    /// slot of a worker that found no extension and left is freed, unless it counted attempts
+    /// (kept for the same worker, so its counters never go backwards).
+    fn read_reports(&mut self, database: Oid) -> Extension {
         let known = self.databases.entry(database).or_insert(Extension::Unknown);
         for slot in registry::slots_of(database) {
             match slot.found() {
@@ -193,16 +196,19 @@ impl Launcher {
                         Extension::Absent { as_of: before } => Extension::Absent { as_of: before.min(as_of) },
                         _ => Extension::Absent { as_of },
                     };
-                    slot.free();
+                    slot.clear_found();
                     // Not a worker that failed: it may start again at once after a CREATE EXTENSION.
                     self.started.remove(&(database, slot.number()));
+                    if !slot.has_attempts() {
+                        slot.free();
+                    }
                 }
                 (Found::Extension, _) if *known == Extension::Unknown => *known = Extension::Installed,
                 _ => {}
             }
         }
         if let Extension::Absent { as_of } = *known {
-            if created > as_of {
+            if registry::extension_created_in(database) > as_of {
                 *known = Extension::Unknown;
             }
         }
@@ -249,7 +255,7 @@ impl Launcher {
             .set_library("outbox_ext")
             .set_function("outbox_relay_main")
             .set_argument((index as i32).into_datum())
-            .set_extra(&db.name)
+            .set_extra(&format!("{} {number}", db.oid.to_u32()))
             .enable_spi_access()
             .set_notify_pid(launcher)
             .load_dynamic()

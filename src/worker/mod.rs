@@ -47,16 +47,20 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     // SAFETY: the postmaster passes the int4 datum the launcher set: this worker's slot.
     let index = unsafe { i32::from_datum(arg, false) }.unwrap_or(0) as usize;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    // By OID, which a RENAME keeps; the launcher wrote the database into the slot.
-    let database = registry::slots()[index].database();
+    // "<database OID> <number>", as the launcher started it. By OID, which a RENAME keeps.
+    let mut extra = BackgroundWorker::get_extra().split(' ').map(|part| part.parse::<u32>().unwrap_or(0));
+    let (database, number) = (pg_sys::Oid::from(extra.next().unwrap_or(0)), extra.next().unwrap_or(0) as usize);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
-    let slot = registry::claim_slot(index);
-    let number = slot.number();
+    let Some(slot) = registry::claim_slot(index, database, number) else {
+        log!("outbox_ext relay {number}: not started: its slot went to another worker");
+        // SAFETY: no transaction is open.
+        unsafe { pg_sys::proc_exit(0) };
+    };
     let sender = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {number}: {e}"));
     let mut relay = Relay {
         number,
         database,
-        database_name: BackgroundWorker::get_extra().to_string(),
+        database_name: transaction::run(database_name).unwrap_or_default(),
         slot,
         settings: Settings::read(),
         sender,
@@ -66,7 +70,6 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     };
     relay.note_settings_loaded();
     relay.run();
-    registry::release_slot(slot);
     relay.sender.abandon();
     // The launcher starts a stopped worker again, unless the server is shutting down, the
     // database is going away or has no outbox_ext.
@@ -78,7 +81,7 @@ struct Relay {
     /// The worker's number within its database, from 1.
     number: usize,
     database: pg_sys::Oid,
-    /// As the launcher knew it, for the log.
+    /// As it was named when the worker started, for the log.
     database_name: String,
     slot: &'static registry::WorkerSlot,
     settings: Settings,
@@ -434,6 +437,19 @@ impl Relay {
             log!("outbox_ext relay {} stopped", self.number);
         }
     }
+}
+
+/// The name of the worker's database.
+fn database_name() -> Result<String, pgrx::spi::SpiError> {
+    // SAFETY: inside a transaction, as get_database_name's catalog lookup needs; it returns a
+    // palloc'd copy or null.
+    let name = unsafe { pg_sys::get_database_name(pg_sys::MyDatabaseId) };
+    Ok(if name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a NUL-terminated string, just returned.
+        unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+    })
 }
 
 /// Background workers must report their table statistics themselves; without this,

@@ -119,9 +119,21 @@ impl WorkerSlot {
         }
     }
 
+    /// The launcher read the report.
+    pub fn clear_found(&self) {
+        self.found.store(Found::Nothing as i32, Ordering::SeqCst);
+    }
+
+    /// Whether the slot ever counted an attempt (its counters must then not go backwards).
+    pub fn has_attempts(&self) -> bool {
+        self.attempts.iter().any(|n| n.load(Ordering::Relaxed) > 0)
+    }
+
     /// Gives the free slot to worker `number` of `database`, its counters from zero.
     pub fn assign(&self, database: Oid, number: usize) {
         self.attempts.iter().for_each(|n| n.store(0, Ordering::Relaxed));
+        self.pid.store(0, Ordering::SeqCst);
+        self.procno.store(NO_PROC, Ordering::SeqCst);
         self.found.store(Found::Nothing as i32, Ordering::SeqCst);
         self.number.store(number as i32, Ordering::SeqCst);
         self.database.store(database.to_u32(), Ordering::SeqCst);
@@ -138,6 +150,9 @@ pub struct DatabaseSlot {
     oid: AtomicU32,
     /// Events enqueued by transactions that committed, since the server started.
     enqueued: AtomicI64,
+    /// The count of CREATE EXTENSION outbox_ext commits in the cluster when one last committed
+    /// here: a worker that found no extension as of a lower count may have missed it.
+    extension_created: AtomicU64,
     /// How many DROP DATABASE or ALTER DATABASE … RENAME commands of it are running: while any
     /// is, its relay workers leave at once and the launcher starts none there.
     leaving: AtomicI32,
@@ -172,6 +187,7 @@ pub fn init_shared_memory() {
             databases: std::array::from_fn(|_| DatabaseSlot {
                 oid: AtomicU32::new(NO_DATABASE),
                 enqueued: AtomicI64::new(0),
+                extension_created: AtomicU64::new(0),
                 leaving: AtomicI32::new(0)
             }),
             extensions_created: AtomicU64::new(0),
@@ -202,24 +218,39 @@ pub fn my_database() -> Oid {
 }
 
 /// The calling worker's slot (`index` from the launcher), marked as running, its counters
-/// from zero (but not `attempts`).
-pub fn claim_slot(index: usize) -> &'static WorkerSlot {
-    let slot = &slots()[index];
+/// from zero (but not `attempts`); released when the process exits, however it exits. `None`
+/// if the launcher gave the slot to another worker since it started this one (its database
+/// went away meanwhile).
+pub fn claim_slot(index: usize, database: Oid, number: usize) -> Option<&'static WorkerSlot> {
+    let slot = slots().get(index)?;
+    // SAFETY: reads this process's own pid.
+    let pid = unsafe { pg_sys::MyProcPid };
+    if slot.database() != database
+        || slot.number() != number
+        || slot.pid.compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst).is_err()
+    {
+        return None;
+    }
     slot.in_flight.store(0, Ordering::Relaxed);
     slot.delivered.store(0, Ordering::Relaxed);
     slot.failed.store(0, Ordering::Relaxed);
-    // SAFETY: MyProc is this worker's own PGPROC, set up before its main function ran.
+    // SAFETY: MyProc is this worker's own PGPROC, set up before its main function ran; the
+    // callback is this library's own and takes the slot index as its argument.
     unsafe {
-        slot.pid.store(pg_sys::MyProcPid, Ordering::SeqCst);
         slot.procno.store((*pg_sys::MyProc).pgprocno, Ordering::SeqCst);
+        pg_sys::before_shmem_exit(Some(release_slot_at_exit), pg_sys::Datum::from(index));
     }
-    slot
+    Some(slot)
 }
 
-pub fn release_slot(slot: &WorkerSlot) {
-    slot.procno.store(NO_PROC, Ordering::SeqCst);
-    slot.pid.store(0, Ordering::SeqCst);
-    slot.in_flight.store(0, Ordering::Relaxed);
+/// Releases the exiting worker's slot, also when it exits on an ERROR or FATAL.
+#[pg_guard]
+unsafe extern "C-unwind" fn release_slot_at_exit(_code: i32, index: pg_sys::Datum) {
+    if let Some(slot) = slots().get(index.value()) {
+        slot.procno.store(NO_PROC, Ordering::SeqCst);
+        slot.pid.store(0, Ordering::SeqCst);
+        slot.in_flight.store(0, Ordering::Relaxed);
+    }
 }
 
 /// The entries of `database` (normally one; two backends adding it at once may make two, which
@@ -255,15 +286,20 @@ pub fn leaving(database: Oid) -> bool {
     entries_of(database).any(|entry| entry.leaving.load(Ordering::SeqCst) > 0)
 }
 
-/// Asks the workers of `database` to leave; false if no entry was free to say it in.
-pub fn begin_leaving(database: Oid) -> bool {
-    entry_of(database).map(|entry| entry.leaving.fetch_add(1, Ordering::SeqCst)).is_some()
+/// Asks the workers of `database` to leave, if it has any (or one is being started there);
+/// returns the request, which `end_leaving` lifts.
+pub fn begin_leaving(database: Oid) -> Option<LeaveRequest> {
+    slots_of(database).next()?;
+    let entry = entry_of(database)?;
+    entry.leaving.fetch_add(1, Ordering::SeqCst);
+    Some(LeaveRequest(entry))
 }
 
-pub fn end_leaving(database: Oid, requests: i32) {
-    if let Some(entry) = entries_of(database).find(|entry| entry.leaving.load(Ordering::SeqCst) > 0) {
-        entry.leaving.fetch_sub(requests, Ordering::SeqCst);
-    }
+/// A request made by `begin_leaving`, on the very entry it counted in.
+pub struct LeaveRequest(&'static DatabaseSlot);
+
+pub fn end_leaving(request: LeaveRequest) {
+    request.0.leaving.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// The databases that have an entry.
@@ -278,21 +314,31 @@ pub fn forget_database(database: Oid) {
     for entry in entries_of(database) {
         if entry.leaving.load(Ordering::SeqCst) == 0 {
             entry.enqueued.store(0, Ordering::Relaxed);
+            entry.extension_created.store(0, Ordering::SeqCst);
             entry.oid.store(NO_DATABASE, Ordering::SeqCst);
         }
     }
 }
 
-/// How many CREATE EXTENSION outbox_ext have committed since the server started.
+/// How many CREATE EXTENSION outbox_ext have committed in the cluster since the server started.
 pub fn extensions_created() -> u64 {
     shared().map_or(0, |shared| shared.extensions_created.load(Ordering::SeqCst))
 }
 
-/// Called once a CREATE EXTENSION outbox_ext committed: the launcher looks again at the
-/// databases where it found none.
+/// `extensions_created()` as it stood when one last committed in `database` (0: never since
+/// the server started).
+pub fn extension_created_in(database: Oid) -> u64 {
+    entries_of(database).map(|entry| entry.extension_created.load(Ordering::SeqCst)).max().unwrap_or(0)
+}
+
+/// Called once a CREATE EXTENSION outbox_ext committed in this database: the launcher looks
+/// into it again if it found no extension there before.
 pub fn note_extension_created() {
     if let Some(shared) = shared() {
-        shared.extensions_created.fetch_add(1, Ordering::SeqCst);
+        let count = shared.extensions_created.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(entry) = entry_of(my_database()) {
+            entry.extension_created.fetch_max(count, Ordering::SeqCst);
+        }
         wake_launcher();
     }
 }

@@ -67,34 +67,41 @@ unsafe extern "C-unwind" fn hear_utility_command(
     let Some(database) = (unsafe { will_drop_or_rename_database(statement, context) }) else {
         return run();
     };
-    if !registry::begin_leaving(database) {
+    let Some(request) = registry::begin_leaving(database) else {
         return run();
-    }
-    HELD_HERE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(database);
+    };
+    held_here().push(request);
     wake::wake_workers_of(database);
     // Lifted when the command's own transaction ends, not before: until it commits, the
     // launcher would still find the database and start workers into a half-dropped one. An
     // ERROR lifts it at once (a savepoint's rollback fires no end-of-transaction event).
-    register_xact_callback(PgXactCallbackEvent::Commit, lift);
-    register_xact_callback(PgXactCallbackEvent::Abort, lift);
+    // A prepared transaction lifts them at PREPARE: its session may be gone by COMMIT PREPARED.
+    for event in [PgXactCallbackEvent::Commit, PgXactCallbackEvent::Abort, PgXactCallbackEvent::Prepare] {
+        register_xact_callback(event, lift);
+    }
     PgTryBuilder::new(run)
         .catch_others(|error| {
-            lift();
+            // Only this command's request: an earlier RENAME of the transaction still holds.
+            if let Some(request) = held_here().pop() {
+                registry::end_leaving(request);
+            }
             error.rethrow()
         })
         .execute();
 }
 
-/// The databases this backend asked the workers to leave, once per request (a RENAME of
-/// several databases in one transaction makes several).
-static HELD_HERE: Mutex<Vec<pg_sys::Oid>> = Mutex::new(Vec::new());
+/// The leave requests this backend's transaction made (a RENAME of several databases in one
+/// transaction makes several).
+static HELD_HERE: Mutex<Vec<registry::LeaveRequest>> = Mutex::new(Vec::new());
+
+fn held_here() -> std::sync::MutexGuard<'static, Vec<registry::LeaveRequest>> {
+    HELD_HERE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Lifts this backend's leave requests; safe to call more than once.
 fn lift() {
-    let held = std::mem::take(&mut *HELD_HERE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
-    for database in held {
-        registry::end_leaving(database, 1);
-    }
+    let held = std::mem::take(&mut *held_here());
+    held.into_iter().for_each(registry::end_leaving);
 }
 
 /// Whether `statement` is CREATE EXTENSION outbox_ext.
