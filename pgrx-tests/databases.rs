@@ -143,6 +143,19 @@ fn every_database_with_the_extension_is_served_and_one_dropped_or_renamed_mid_ru
     expected.insert(a.clone(), 2);
     db.wait_for("the workers come back with the extension", Duration::from_secs(10), |db| relays_per_database(db) == expected);
 
+    // outbox.relay = off for one database (a restored copy that must not deliver): its workers
+    // stop and stay away, and its events wait; RESET brings them back and the events go.
+    db.execute(&format!("ALTER DATABASE {renamed} SET outbox.relay = off"));
+    expected.remove(&renamed);
+    db.wait_for("the workers leave the database with outbox.relay off", WAIT, |db| relays_per_database(db) == expected);
+    let mut copy = db.connect(&renamed, "postgres");
+    enqueue(&mut copy, &c, 200, 210);
+    db.execute(&format!("ALTER DATABASE {renamed} RESET outbox.relay"));
+    expected.insert(renamed.clone(), 2);
+    db.wait_for("the workers come back after RESET", Duration::from_secs(10), |db| relays_per_database(db) == expected);
+    wait_until("the events that waited are sent", WAIT, || sent_in(&mut copy) == 210);
+    drop(copy);
+
     drop((a_client, renamed_client, late_client));
     for name in [&a, &renamed, &late, &plain] {
         db.execute(&format!("DROP DATABASE {name}"));

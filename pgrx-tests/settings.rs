@@ -19,6 +19,7 @@ fn every_setting_shows_its_unit_context_and_default() {
         ("outbox.max_attempts", "sighup", "", "10"),
         ("outbox.max_payload_bytes", "superuser", "B", "1MB"),
         ("outbox.poll_interval", "sighup", "ms", "1s"),
+        ("outbox.relay", "superuser", "", "on"),
         ("outbox.retention", "sighup", "s", "7d"),
         ("outbox.signing_secret", "sighup", "", ""),
         ("outbox.webhook_url", "sighup", "", ""),

@@ -8,6 +8,7 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 
 pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
+pub static RELAY: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static WEBHOOK_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static SIGNING_SECRET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(100);
@@ -45,6 +46,14 @@ pub fn register() {
         0,
         MAX_WORKERS as i32,
         Postmaster,
+        none,
+    );
+    GucRegistry::define_bool_guc(
+        c"outbox.relay",
+        c"Whether the relay workers serve this database.",
+        c"Set per database (ALTER DATABASE … SET outbox.relay = off), e.g. on a restored copy that must not deliver.",
+        &RELAY,
+        Suset,
         none,
     );
     // Superuser-only to read: a URL may carry credentials or a token.
@@ -157,6 +166,11 @@ pub fn database() -> String {
 
 pub fn workers() -> usize {
     WORKERS.get() as usize
+}
+
+/// `outbox.relay` as the worker's database sets it (read when the worker connected).
+pub fn relay() -> bool {
+    RELAY.get()
 }
 
 /// What one pass of the worker loop needs, read on the main thread.

@@ -7,9 +7,9 @@
 //!   stays and serves if it finds the extension, and leaves, saying so, if it does not;
 //! - starts the other `outbox.workers - 1` workers of a database where the extension was found,
 //!   and starts again any that stopped;
-//! - looks again into a database without the extension once a CREATE EXTENSION outbox_ext
-//!   commits there (a new database, e.g. copied from a template that has it, is looked into
-//!   as new);
+//! - looks again into a database it did not serve once a CREATE EXTENSION outbox_ext commits
+//!   there, or an ALTER DATABASE … SET or RESET outbox.relay for it (a new database, e.g.
+//!   copied from a template that has the extension, is looked into as new);
 //! - starts nothing in a database being dropped or renamed (see `utility_hook`), and forgets
 //!   what it knew of a database once it is gone.
 //!
@@ -68,7 +68,7 @@ pub extern "C-unwind" fn outbox_launcher_main(_arg: pg_sys::Datum) {
             launcher.look_after(&catalog);
         }
         // Woken early by a relay worker that stops (the postmaster notifies the launcher) and
-        // by a CREATE EXTENSION outbox_ext that commits.
+        // by a commit that may make a database one to serve.
         wake::wait(None, CHECK_EVERY);
     }
     registry::publish_launcher(None);
@@ -93,8 +93,7 @@ enum Extension {
     /// Not looked into yet (or again): one worker goes to see.
     Unknown,
     Installed,
-    /// Not installed, as of that many CREATE EXTENSION outbox_ext commits in the cluster (see
-    /// `registry::extension_created_in`).
+    /// Not installed (or `outbox.relay` is off there), as of that many `serving_changes()`.
     Absent {
         as_of: u64,
     },
@@ -197,7 +196,7 @@ impl Launcher {
                         _ => Extension::Absent { as_of },
                     };
                     slot.clear_found();
-                    // Not a worker that failed: it may start again at once after a CREATE EXTENSION.
+                    // Not a worker that failed: it may start again at once after a serving change.
                     self.started.remove(&(database, slot.number()));
                     if !slot.has_attempts() {
                         slot.free();
@@ -208,7 +207,7 @@ impl Launcher {
             }
         }
         if let Extension::Absent { as_of } = *known {
-            if registry::extension_created_in(database) > as_of {
+            if registry::serving_changed_in(database) > as_of {
                 *known = Extension::Unknown;
             }
         }

@@ -27,7 +27,7 @@ use transaction::TransactionError;
 
 use crate::catalog::LIBRARY_VERSION;
 use crate::delivery::{one_line, Attempt, Outcome, Sender, MAX_ERROR_BYTES};
-use crate::settings::Settings;
+use crate::settings::{self, Settings};
 
 /// How long a stopping worker waits for requests in flight before abandoning them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -50,6 +50,8 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     // "<database OID> <number>", as the launcher started it. By OID, which a RENAME keeps.
     let mut extra = BackgroundWorker::get_extra().split(' ').map(|part| part.parse::<u32>().unwrap_or(0));
     let (database, number) = (pg_sys::Oid::from(extra.next().unwrap_or(0)), extra.next().unwrap_or(0) as usize);
+    // Read before connecting, which reads the database's settings (outbox.relay).
+    let connected_as_of = registry::serving_changes();
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     let Some(slot) = registry::claim_slot(index, database, number) else {
         log!("outbox_ext relay {number}: not started: its slot went to another worker");
@@ -61,6 +63,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
         number,
         database,
         database_name: transaction::run(database_name).unwrap_or_default(),
+        connected_as_of,
         slot,
         settings: Settings::read(),
         sender,
@@ -83,6 +86,8 @@ struct Relay {
     database: pg_sys::Oid,
     /// As it was named when the worker started, for the log.
     database_name: String,
+    /// `registry::serving_changes()` before the worker connected.
+    connected_as_of: u64,
     slot: &'static registry::WorkerSlot,
     settings: Settings,
     sender: Sender,
@@ -132,20 +137,26 @@ impl Relay {
         }
     }
 
-    /// Finds the extension in this database. Without it, the worker reports so to the launcher
+    /// Finds the extension in this database. Without it, or with `outbox.relay` off for this
+    /// database, the worker reports so to the launcher
     /// and leaves (`None`; the launcher sends one again after a CREATE EXTENSION outbox_ext);
     /// saying so in the log only if it `served` the database before, since the launcher looks
     /// into every database. While the installed schema waits for ALTER EXTENSION UPDATE, or
     /// cannot be prepared, it waits quietly, saying once why. `None` on SIGTERM, or when the
     /// database is being dropped or renamed.
     fn wait_for_extension(&mut self, served: bool) -> Option<Queries> {
+        if !settings::relay() {
+            self.slot.report(Found::NoExtension, self.connected_as_of);
+            log!("outbox_ext relay {}: not serving database \"{}\": outbox.relay is off there", self.number, self.database_name);
+            return None;
+        }
         let mut said = String::new();
         loop {
             if registry::leaving(self.database) {
                 return None;
             }
             // Read before the lookup: a CREATE EXTENSION that commits after it counts above it.
-            let as_of = registry::extensions_created();
+            let as_of = registry::serving_changes();
             let reason = match queue::find_installation() {
                 Ok(Some(installation)) => {
                     self.slot.report(Found::Extension, as_of);

@@ -41,8 +41,8 @@ pub struct WorkerSlot {
     procno: AtomicI32,
     pub pid: AtomicI32,
     found: AtomicI32,
-    /// The count of CREATE EXTENSION commits read before the lookup that found none: a later
-    /// one may have installed it.
+    /// `serving_changes()` as the worker read it before it connected: a later change may make
+    /// the database one to serve.
     absent_as_of: AtomicU64,
     /// When the worker began working with the settings it last read (PostgreSQL timestamp, µs).
     pub settings_loaded_at: AtomicI64,
@@ -100,7 +100,7 @@ impl WorkerSlot {
         (pid > 0 && unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
     }
 
-    /// What the worker last found, and (for `NoExtension`) as of which CREATE EXTENSION count.
+    /// What the worker last found, and (for `NoExtension`) as of which `serving_changes()`.
     pub fn found(&self) -> (Found, u64) {
         let found = match self.found.load(Ordering::SeqCst) {
             1 => Found::Extension,
@@ -150,9 +150,9 @@ pub struct DatabaseSlot {
     oid: AtomicU32,
     /// Events enqueued by transactions that committed, since the server started.
     enqueued: AtomicI64,
-    /// The count of CREATE EXTENSION outbox_ext commits in the cluster when one last committed
-    /// here: a worker that found no extension as of a lower count may have missed it.
-    extension_created: AtomicU64,
+    /// `serving_changes()` when one last committed here: a worker that found nothing to serve
+    /// as of a lower count may have missed it.
+    serving_changed: AtomicU64,
     /// How many DROP DATABASE or ALTER DATABASE … RENAME commands of it are running: while any
     /// is, its relay workers leave at once and the launcher starts none there.
     leaving: AtomicI32,
@@ -164,8 +164,9 @@ unsafe impl PGRXSharedMemory for DatabaseSlot {}
 pub struct Shared {
     workers: [WorkerSlot; WORKER_SLOTS],
     databases: [DatabaseSlot; DATABASE_SLOTS],
-    /// CREATE EXTENSION outbox_ext commits since the server started, in any database.
-    extensions_created: AtomicU64,
+    /// Commits since the server started that may make a database one to serve: CREATE
+    /// EXTENSION outbox_ext, ALTER DATABASE … SET or RESET outbox.relay.
+    serving_changes: AtomicU64,
     /// The launcher's PGPROC number, NO_PROC while none runs.
     launcher_procno: AtomicI32,
 }
@@ -187,10 +188,10 @@ pub fn init_shared_memory() {
             databases: std::array::from_fn(|_| DatabaseSlot {
                 oid: AtomicU32::new(NO_DATABASE),
                 enqueued: AtomicI64::new(0),
-                extension_created: AtomicU64::new(0),
+                serving_changed: AtomicU64::new(0),
                 leaving: AtomicI32::new(0)
             }),
-            extensions_created: AtomicU64::new(0),
+            serving_changes: AtomicU64::new(0),
             launcher_procno: AtomicI32::new(NO_PROC),
         }
     );
@@ -314,30 +315,31 @@ pub fn forget_database(database: Oid) {
     for entry in entries_of(database) {
         if entry.leaving.load(Ordering::SeqCst) == 0 {
             entry.enqueued.store(0, Ordering::Relaxed);
-            entry.extension_created.store(0, Ordering::SeqCst);
+            entry.serving_changed.store(0, Ordering::SeqCst);
             entry.oid.store(NO_DATABASE, Ordering::SeqCst);
         }
     }
 }
 
-/// How many CREATE EXTENSION outbox_ext have committed in the cluster since the server started.
-pub fn extensions_created() -> u64 {
-    shared().map_or(0, |shared| shared.extensions_created.load(Ordering::SeqCst))
+/// How many commits that may make a database one to serve (see `Shared::serving_changes`) the
+/// cluster has seen since the server started.
+pub fn serving_changes() -> u64 {
+    shared().map_or(0, |shared| shared.serving_changes.load(Ordering::SeqCst))
 }
 
-/// `extensions_created()` as it stood when one last committed in `database` (0: never since
-/// the server started).
-pub fn extension_created_in(database: Oid) -> u64 {
-    entries_of(database).map(|entry| entry.extension_created.load(Ordering::SeqCst)).max().unwrap_or(0)
+/// `serving_changes()` as it stood when one last committed in `database` (0: never since the
+/// server started).
+pub fn serving_changed_in(database: Oid) -> u64 {
+    entries_of(database).map(|entry| entry.serving_changed.load(Ordering::SeqCst)).max().unwrap_or(0)
 }
 
-/// Called once a CREATE EXTENSION outbox_ext committed in this database: the launcher looks
-/// into it again if it found no extension there before.
-pub fn note_extension_created() {
+/// Called once such a change committed for `database`: the launcher looks into it again if
+/// it found nothing to serve there before.
+pub fn note_serving_changed(database: Oid) {
     if let Some(shared) = shared() {
-        let count = shared.extensions_created.fetch_add(1, Ordering::SeqCst) + 1;
-        if let Some(entry) = entry_of(my_database()) {
-            entry.extension_created.fetch_max(count, Ordering::SeqCst);
+        let count = shared.serving_changes.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(entry) = entry_of(database) {
+            entry.serving_changed.fetch_max(count, Ordering::SeqCst);
         }
         wake_launcher();
     }

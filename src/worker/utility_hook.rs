@@ -8,8 +8,9 @@
 //!   there, until the command's transaction ends, committed or not. The launcher then forgets
 //!   the dropped database, or starts the workers again in the renamed one (they connect by OID)
 //!   or if the command failed.
-//! - `CREATE EXTENSION outbox_ext`, once committed, wakes the launcher, which looks again into
-//!   the databases where it found no extension.
+//! - `CREATE EXTENSION outbox_ext`, once committed, has the launcher look again into the
+//!   database if it found no extension there; so does `ALTER DATABASE … SET` or `RESET
+//!   outbox.relay`, which also restarts the database's workers, so that they read it.
 
 use std::ffi::CStr;
 use std::sync::Mutex;
@@ -60,7 +61,17 @@ unsafe extern "C-unwind" fn hear_utility_command(
     // SAFETY: as above.
     if unsafe { creates_this_extension(statement) } {
         run();
-        register_xact_callback(PgXactCallbackEvent::Commit, registry::note_extension_created);
+        let database = registry::my_database();
+        register_xact_callback(PgXactCallbackEvent::Commit, move || registry::note_serving_changed(database));
+        return;
+    }
+    // SAFETY: as above.
+    if let Some(database) = unsafe { sets_relay_of(statement) } {
+        run();
+        register_xact_callback(PgXactCallbackEvent::Commit, move || {
+            registry::note_serving_changed(database);
+            wake::stop_workers_of(database);
+        });
         return;
     }
     // SAFETY: as above.
@@ -111,6 +122,23 @@ unsafe fn creates_this_extension(statement: *mut pg_sys::Node) -> bool {
         !statement.is_null()
             && (*statement).type_ == pg_sys::NodeTag::T_CreateExtensionStmt
             && CStr::from_ptr((*(statement as *mut pg_sys::CreateExtensionStmt)).extname).to_bytes() == b"outbox_ext"
+    }
+}
+
+/// The database whose `outbox.relay` `statement` sets or resets (also by RESET ALL).
+unsafe fn sets_relay_of(statement: *mut pg_sys::Node) -> Option<pg_sys::Oid> {
+    // SAFETY: the node's tag says which statement struct it is; get_database_oid is a catalog
+    // lookup in the caller's transaction.
+    unsafe {
+        if statement.is_null() || (*statement).type_ != pg_sys::NodeTag::T_AlterDatabaseSetStmt {
+            return None;
+        }
+        let alter = &*(statement as *mut pg_sys::AlterDatabaseSetStmt);
+        let set = &*alter.setstmt;
+        let relay = set.kind == pg_sys::VariableSetKind::VAR_RESET_ALL
+            || (!set.name.is_null() && CStr::from_ptr(set.name).to_bytes().eq_ignore_ascii_case(b"outbox.relay"));
+        let database = pg_sys::get_database_oid(alter.dbname, true);
+        (relay && database != pg_sys::InvalidOid).then_some(database)
     }
 }
 
