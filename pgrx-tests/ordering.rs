@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use super::cluster::{db, wait_until, Db};
 use super::receiver::{Receiver, Reply};
+use crate::catalog::{Installation, LIBRARY_VERSION};
+use crate::worker::claim_batch_sql;
 
 /// Makes `name` an ordered pull endpoint for every topic; `extra` adds named arguments.
 fn ordered_pull_endpoint(db: &mut Db, name: &str, extra: &str) {
@@ -219,13 +221,16 @@ fn claims_never_read_the_deliveries_waiting_behind_their_keys() {
     );
     db.execute("VACUUM ANALYZE outbox_deliveries");
     assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_deliveries WHERE waiting"), 99_000);
-    let plan = db
-        .column::<String>(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT ctid FROM outbox_deliveries AS d \
-             WHERE d.endpoint = 'jobs' AND d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting \
-               AND d.available_at <= now() ORDER BY d.available_at, d.event_id LIMIT 100 FOR UPDATE SKIP LOCKED",
-        )
-        .join("\n");
+    // The relay's own claim statement, as a worker would run it if `jobs` were a webhook
+    // endpoint (the kind changes only inside this transaction, which is rolled back).
+    let installation = Installation { schema: "public".into(), version: LIBRARY_VERSION.into(), oid: pgrx::pg_sys::InvalidOid };
+    db.execute(&format!(
+        "BEGIN; UPDATE outbox_endpoints SET kind = 'webhook', url = 'http://127.0.0.1:9/' WHERE name = 'jobs';
+         PREPARE claim(text[], bigint[], float8[]) AS {}",
+        claim_batch_sql(&installation)
+    ));
+    let plan = db.column::<String>("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE claim('{jobs}', '{100}', '{30000}')").join("\n");
+    db.execute("ROLLBACK; DEALLOCATE claim");
     assert!(plan.contains("outbox_deliveries_pending"), "the claim walks the pending index:\n{plan}");
     // Only the 1,000 leased heads are in the index, and a leased head is not due: the scan
     // stops at once.
