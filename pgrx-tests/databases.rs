@@ -156,6 +156,16 @@ fn every_database_with_the_extension_is_served_and_one_dropped_or_renamed_mid_ru
     wait_until("the events that waited are sent", WAIT, || sent_in(&mut copy) == 210);
     drop(copy);
 
+    // A transaction that changed outbox.relay cannot be prepared: its COMMIT PREPARED could come
+    // from a session whose callbacks never tell the relay.
+    let refused = db
+        .client
+        .batch_execute(&format!("BEGIN; ALTER DATABASE {renamed} SET outbox.relay = off; PREPARE TRANSACTION 'outbox_relay_off'"))
+        .expect_err("PREPARE TRANSACTION is refused");
+    assert!(refused.as_db_error().is_some_and(|e| e.message().contains("cannot PREPARE")), "{refused}");
+    db.execute("ROLLBACK");
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM pg_prepared_xacts"), 0, "nothing was prepared");
+
     drop((a_client, renamed_client, late_client));
     for name in [&a, &renamed, &late, &plain] {
         db.execute(&format!("DROP DATABASE {name}"));

@@ -9,7 +9,8 @@
 //!   and starts again any that stopped;
 //! - looks again into a database it did not serve once a CREATE EXTENSION outbox_ext commits
 //!   there, or an ALTER DATABASE … SET or RESET outbox.relay for it (a new database, e.g.
-//!   copied from a template that has the extension, is looked into as new);
+//!   copied from a template that has the extension, is looked into as new), and into every
+//!   such database after a reload and every five minutes, for changes no hook sees;
 //! - starts nothing in a database being dropped or renamed (see `utility_hook`), and forgets
 //!   what it knew of a database once it is gone.
 //!
@@ -33,6 +34,11 @@ const RESTART_AFTER: Duration = Duration::from_secs(5);
 /// Databases looked into at once, so that a cluster of many databases does not take every
 /// background worker slot (parallel queries use them too) when the server starts.
 const PROBES_AT_ONCE: usize = 2;
+/// A probe that has not reported after this long (e.g. it waits to connect to a database an
+/// open transaction is renaming) no longer holds up the others.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a database found without the extension is looked into again anyway.
+const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(300);
 
 /// Registers the launcher; called from `_PG_init` while shared_preload_libraries is processed.
 pub fn register() {
@@ -64,6 +70,9 @@ pub extern "C-unwind" fn outbox_launcher_main(_arg: pg_sys::Datum) {
         None => log!("outbox_ext launcher started for every database where outbox_ext is installed"),
     }
     while !BackgroundWorker::sigterm_received() {
+        if BackgroundWorker::sighup_received() {
+            launcher.look_again();
+        }
         if let Some(catalog) = read_pg_database() {
             launcher.look_after(&catalog);
         }
@@ -93,9 +102,11 @@ enum Extension {
     /// Not looked into yet (or again): one worker goes to see.
     Unknown,
     Installed,
-    /// Not installed (or `outbox.relay` is off there), as of that many `serving_changes()`.
+    /// Not installed (or `outbox.relay` is off there), as of that many `serving_changes()`,
+    /// found then.
     Absent {
         as_of: u64,
+        since: Instant,
     },
 }
 
@@ -134,7 +145,7 @@ impl Launcher {
         self.say_if_waiting(!served.is_empty());
         self.databases.retain(|oid, _| served.iter().any(|db| db.oid == *oid));
         let mut probes =
-            self.databases.iter().filter(|(oid, extension)| **extension == Extension::Unknown && self.is_running(**oid, 1)).count();
+            self.databases.iter().filter(|(oid, extension)| **extension == Extension::Unknown && self.is_probing(**oid)).count();
         for db in served {
             if registry::leaving(db.oid) {
                 continue;
@@ -142,7 +153,7 @@ impl Launcher {
             let extension = self.read_reports(db.oid);
             let workers = match extension {
                 Extension::Installed => settings::workers(),
-                Extension::Unknown if self.is_running(db.oid, 1) => 1,
+                Extension::Unknown if self.is_probing(db.oid) => 1,
                 Extension::Unknown if probes < PROBES_AT_ONCE => {
                     probes += 1;
                     1
@@ -172,6 +183,21 @@ impl Launcher {
         self.started.retain(|(oid, _), _| exists(*oid));
     }
 
+    /// Looks again into every database found without the extension (after a reload, which
+    /// may have turned `outbox.relay` on).
+    fn look_again(&mut self) {
+        for extension in self.databases.values_mut() {
+            if matches!(extension, Extension::Absent { .. }) {
+                *extension = Extension::Unknown;
+            }
+        }
+    }
+
+    /// Whether a probe of `database` (its worker 1) started not long ago and runs.
+    fn is_probing(&self, database: Oid) -> bool {
+        self.is_running(database, 1) && self.started.get(&(database, 1)).is_none_or(|(_, at)| at.elapsed() < PROBE_TIMEOUT)
+    }
+
     fn say_if_waiting(&mut self, found: bool) {
         match &self.restriction {
             Some(name) if !found && !self.said_waiting => {
@@ -192,8 +218,8 @@ impl Launcher {
             match slot.found() {
                 (Found::NoExtension, as_of) if slot.live_pid().is_none() => {
                     *known = match *known {
-                        Extension::Absent { as_of: before } => Extension::Absent { as_of: before.min(as_of) },
-                        _ => Extension::Absent { as_of },
+                        Extension::Absent { as_of: before, since } => Extension::Absent { as_of: before.min(as_of), since },
+                        _ => Extension::Absent { as_of, since: Instant::now() },
                     };
                     slot.clear_found();
                     // Not a worker that failed: it may start again at once after a serving change.
@@ -206,8 +232,8 @@ impl Launcher {
                 _ => {}
             }
         }
-        if let Extension::Absent { as_of } = *known {
-            if registry::serving_changed_in(database) > as_of {
+        if let Extension::Absent { as_of, since } = *known {
+            if registry::serving_changed_in(database) > as_of || since.elapsed() >= LOOK_AGAIN_AFTER {
                 *known = Extension::Unknown;
             }
         }
@@ -230,10 +256,15 @@ impl Launcher {
         if recently || self.is_running(db.oid, number) {
             return;
         }
-        // The worker's own slot if it had one (its counters go on), else a free one.
+        // The worker's own slot if it had one (its counters go on), else a free one, else one
+        // kept for a worker of a database found without the extension.
         let slots = registry::slots();
+        let kept_for_absent = |slot: &registry::WorkerSlot| {
+            matches!(self.databases.get(&slot.database()), Some(Extension::Absent { .. }))
+                && !self.is_running(slot.database(), slot.number())
+        };
         let index = slots.iter().position(|slot| slot.serves(db.oid) && slot.number() == number).or_else(|| {
-            let free = slots.iter().position(|slot| slot.database() == Oid::INVALID)?;
+            let free = slots.iter().position(|slot| slot.database() == Oid::INVALID).or_else(|| slots.iter().position(kept_for_absent))?;
             slots[free].assign(db.oid, number);
             Some(free)
         });

@@ -108,6 +108,10 @@ enum Stop {
     LeavingDatabase,
     /// The extension was dropped, or its schema moved or changed version.
     ExtensionChanged,
+    /// `outbox.relay` was turned off, or may have been changed for this database since the
+    /// worker connected (it reads a database's settings only then): exit, and let the launcher
+    /// start a worker that reads them afresh.
+    RelayChanged,
 }
 
 impl Relay {
@@ -122,7 +126,7 @@ impl Relay {
                 served = true;
             }
             match self.deliver(&queries) {
-                Stop::Shutdown | Stop::LeavingDatabase => return,
+                Stop::Shutdown | Stop::LeavingDatabase | Stop::RelayChanged => return,
                 Stop::ExtensionChanged => {
                     // What is in flight belongs to rows that are gone: drop it unrecorded.
                     let fresh = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {}: {e}", self.number));
@@ -147,7 +151,8 @@ impl Relay {
     fn wait_for_extension(&mut self, served: bool) -> Option<Queries> {
         if !settings::relay() {
             self.slot.report(Found::NoExtension, self.connected_as_of);
-            log!("outbox_ext relay {}: not serving database \"{}\": outbox.relay is off there", self.number, self.database_name);
+            // The launcher looks again every few minutes: at DEBUG1, not a line each time.
+            debug1!("outbox_ext relay {}: not serving database \"{}\": outbox.relay is off there", self.number, self.database_name);
             return None;
         }
         let mut said = String::new();
@@ -236,7 +241,8 @@ impl Relay {
         }
     }
 
-    /// On SIGTERM, or when a DROP DATABASE or RENAME of this database waits for the workers.
+    /// On SIGTERM, when a DROP DATABASE or RENAME of this database waits for the workers, or
+    /// when a reload turned `outbox.relay` off.
     fn stop_if_asked(&mut self, queries: &Queries) -> Result<(), Stop> {
         if registry::leaving(self.database) {
             // Acknowledgements already received are written first (the command waits up to
@@ -249,6 +255,10 @@ impl Relay {
         if BackgroundWorker::sigterm_received() {
             self.finish_in_flight(queries);
             return Err(Stop::Shutdown);
+        }
+        if !settings::relay() {
+            self.finish_in_flight(queries);
+            return Err(Stop::RelayChanged);
         }
         Ok(())
     }
@@ -336,6 +346,11 @@ impl Relay {
     /// wakeup: endpoint changes reach the workers within a poll interval, while the claim
     /// itself leaves out an endpoint disabled or dropped since at once.
     fn read_endpoints(&mut self, queries: &Queries) -> Result<(), Stop> {
+        if registry::settings_changed_in(self.database) > self.connected_as_of {
+            log!("outbox_ext relay {}: outbox.relay was set for database \"{}\"; restarting to read it", self.number, self.database_name);
+            self.finish_in_flight(queries);
+            return Err(Stop::RelayChanged);
+        }
         match queue::load_endpoints(queries, self.settings.endpoint_disable_after) {
             Ok(queue::Endpoints::ExtensionGone) => {
                 log!("outbox_ext relay {}: outbox_ext was dropped or changed in this database", self.number);

@@ -153,6 +153,9 @@ pub struct DatabaseSlot {
     /// `serving_changes()` when one last committed here: a worker that found nothing to serve
     /// as of a lower count may have missed it.
     serving_changed: AtomicU64,
+    /// The same, for the last change of `outbox.relay` here: a worker that connected (and read
+    /// the database's settings) before it must reconnect.
+    settings_changed: AtomicU64,
     /// How many DROP DATABASE or ALTER DATABASE … RENAME commands of it are running: while any
     /// is, its relay workers leave at once and the launcher starts none there.
     leaving: AtomicI32,
@@ -189,6 +192,7 @@ pub fn init_shared_memory() {
                 oid: AtomicU32::new(NO_DATABASE),
                 enqueued: AtomicI64::new(0),
                 serving_changed: AtomicU64::new(0),
+                settings_changed: AtomicU64::new(0),
                 leaving: AtomicI32::new(0)
             }),
             serving_changes: AtomicU64::new(0),
@@ -316,6 +320,7 @@ pub fn forget_database(database: Oid) {
         if entry.leaving.load(Ordering::SeqCst) == 0 {
             entry.enqueued.store(0, Ordering::Relaxed);
             entry.serving_changed.store(0, Ordering::SeqCst);
+            entry.settings_changed.store(0, Ordering::SeqCst);
             entry.oid.store(NO_DATABASE, Ordering::SeqCst);
         }
     }
@@ -333,13 +338,22 @@ pub fn serving_changed_in(database: Oid) -> u64 {
     entries_of(database).map(|entry| entry.serving_changed.load(Ordering::SeqCst)).max().unwrap_or(0)
 }
 
-/// Called once such a change committed for `database`: the launcher looks into it again if
-/// it found nothing to serve there before.
-pub fn note_serving_changed(database: Oid) {
+/// `serving_changes()` as it stood when `outbox.relay` last changed for `database`.
+pub fn settings_changed_in(database: Oid) -> u64 {
+    entries_of(database).map(|entry| entry.settings_changed.load(Ordering::SeqCst)).max().unwrap_or(0)
+}
+
+/// Called once such a change committed for `database` (`settings`: a change of
+/// `outbox.relay`): the launcher looks into it again if it found nothing to serve there
+/// before, and workers that read its settings before the change restart.
+pub fn note_serving_changed(database: Oid, settings: bool) {
     if let Some(shared) = shared() {
         let count = shared.serving_changes.fetch_add(1, Ordering::SeqCst) + 1;
         if let Some(entry) = entry_of(database) {
             entry.serving_changed.fetch_max(count, Ordering::SeqCst);
+            if settings {
+                entry.settings_changed.fetch_max(count, Ordering::SeqCst);
+            }
         }
         wake_launcher();
     }

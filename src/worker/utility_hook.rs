@@ -9,8 +9,12 @@
 //!   the dropped database, or starts the workers again in the renamed one (they connect by OID)
 //!   or if the command failed.
 //! - `CREATE EXTENSION outbox_ext`, once committed, has the launcher look again into the
-//!   database if it found no extension there; so does `ALTER DATABASE … SET` or `RESET
-//!   outbox.relay`, which also restarts the database's workers, so that they read it.
+//!   database if it found no extension there; so does a superuser's `ALTER DATABASE … SET` or
+//!   `RESET outbox.relay` (or `ALTER ROLE … IN DATABASE …`), after which the database's
+//!   workers also restart, to read it.
+//!
+//! A transaction that ran one of these cannot be prepared (PREPARE TRANSACTION): what the relay
+//! must do would then depend on a COMMIT PREPARED that no callback of this session sees.
 
 use std::ffi::CStr;
 use std::sync::Mutex;
@@ -62,16 +66,15 @@ unsafe extern "C-unwind" fn hear_utility_command(
     if unsafe { creates_this_extension(statement) } {
         run();
         let database = registry::my_database();
-        register_xact_callback(PgXactCallbackEvent::Commit, move || registry::note_serving_changed(database));
+        register_xact_callback(PgXactCallbackEvent::Commit, move || registry::note_serving_changed(database, false));
+        register_xact_callback(PgXactCallbackEvent::PrePrepare, refuse_prepare);
         return;
     }
     // SAFETY: as above.
     if let Some(database) = unsafe { sets_relay_of(statement) } {
         run();
-        register_xact_callback(PgXactCallbackEvent::Commit, move || {
-            registry::note_serving_changed(database);
-            wake::stop_workers_of(database);
-        });
+        register_xact_callback(PgXactCallbackEvent::Commit, move || registry::note_serving_changed(database, true));
+        register_xact_callback(PgXactCallbackEvent::PrePrepare, refuse_prepare);
         return;
     }
     // SAFETY: as above.
@@ -86,10 +89,9 @@ unsafe extern "C-unwind" fn hear_utility_command(
     // Lifted when the command's own transaction ends, not before: until it commits, the
     // launcher would still find the database and start workers into a half-dropped one. An
     // ERROR lifts it at once (a savepoint's rollback fires no end-of-transaction event).
-    // A prepared transaction lifts them at PREPARE: its session may be gone by COMMIT PREPARED.
-    for event in [PgXactCallbackEvent::Commit, PgXactCallbackEvent::Abort, PgXactCallbackEvent::Prepare] {
-        register_xact_callback(event, lift);
-    }
+    register_xact_callback(PgXactCallbackEvent::Commit, lift);
+    register_xact_callback(PgXactCallbackEvent::Abort, lift);
+    register_xact_callback(PgXactCallbackEvent::PrePrepare, refuse_prepare);
     PgTryBuilder::new(run)
         .catch_others(|error| {
             // Only this command's request: an earlier RENAME of the transaction still holds.
@@ -115,6 +117,10 @@ fn lift() {
     held.into_iter().for_each(registry::end_leaving);
 }
 
+fn refuse_prepare() {
+    error!("outbox_ext: cannot PREPARE a transaction that created outbox_ext, changed outbox.relay, or renamed a database it serves");
+}
+
 /// Whether `statement` is CREATE EXTENSION outbox_ext.
 unsafe fn creates_this_extension(statement: *mut pg_sys::Node) -> bool {
     // SAFETY: the node's tag says which statement struct it is.
@@ -125,19 +131,33 @@ unsafe fn creates_this_extension(statement: *mut pg_sys::Node) -> bool {
     }
 }
 
-/// The database whose `outbox.relay` `statement` sets or resets (also by RESET ALL).
+/// The database whose `outbox.relay` a superuser's `statement` sets or resets (also by RESET
+/// ALL): ALTER DATABASE … SET, or ALTER ROLE … IN DATABASE … SET. Only a superuser may change
+/// that setting, so nobody else's command restarts the workers.
 unsafe fn sets_relay_of(statement: *mut pg_sys::Node) -> Option<pg_sys::Oid> {
     // SAFETY: the node's tag says which statement struct it is; get_database_oid is a catalog
     // lookup in the caller's transaction.
     unsafe {
-        if statement.is_null() || (*statement).type_ != pg_sys::NodeTag::T_AlterDatabaseSetStmt {
+        if statement.is_null() || !pg_sys::superuser() {
             return None;
         }
-        let alter = &*(statement as *mut pg_sys::AlterDatabaseSetStmt);
-        let set = &*alter.setstmt;
-        let relay = set.kind == pg_sys::VariableSetKind::VAR_RESET_ALL
-            || (!set.name.is_null() && CStr::from_ptr(set.name).to_bytes().eq_ignore_ascii_case(b"outbox.relay"));
-        let database = pg_sys::get_database_oid(alter.dbname, true);
+        let (name, set) = match (*statement).type_ {
+            pg_sys::NodeTag::T_AlterDatabaseSetStmt => {
+                let alter = &*(statement as *mut pg_sys::AlterDatabaseSetStmt);
+                (alter.dbname, alter.setstmt)
+            }
+            pg_sys::NodeTag::T_AlterRoleSetStmt => {
+                let alter = &*(statement as *mut pg_sys::AlterRoleSetStmt);
+                (alter.database, alter.setstmt)
+            }
+            _ => return None,
+        };
+        if name.is_null() || set.is_null() {
+            return None;
+        }
+        let relay = (*set).kind == pg_sys::VariableSetKind::VAR_RESET_ALL
+            || (!(*set).name.is_null() && CStr::from_ptr((*set).name).to_bytes().eq_ignore_ascii_case(b"outbox.relay"));
+        let database = pg_sys::get_database_oid(name, true);
         (relay && database != pg_sys::InvalidOid).then_some(database)
     }
 }

@@ -56,15 +56,6 @@ pub fn wake_workers_of(database: pg_sys::Oid) {
     registry::slots_of(database).filter_map(|slot| slot.running_procno()).for_each(set_latch);
 }
 
-/// Asks the relay workers serving `database` to stop, as pg_terminate_backend would: they
-/// finish what is in flight, and the launcher starts them again.
-pub fn stop_workers_of(database: pg_sys::Oid) {
-    for pid in registry::slots_of(database).filter_map(|slot| slot.live_pid()) {
-        // SAFETY: sends SIGTERM to a relay worker's process, which handles it.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-    }
-}
-
 /// Sets the latch of the process with PGPROC number `procno`.
 pub fn set_latch(procno: usize) {
     // SAFETY: procno is a PGPROC number a worker or the launcher published, below ProcGlobal's
