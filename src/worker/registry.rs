@@ -172,6 +172,8 @@ pub struct Shared {
     serving_changes: AtomicU64,
     /// The launcher's PGPROC number, NO_PROC while none runs.
     launcher_procno: AtomicI32,
+    /// Commits that woke a worker: which one a commit wakes goes round.
+    turns: AtomicU64,
 }
 
 // SAFETY: as for WorkerSlot.
@@ -197,6 +199,7 @@ pub fn init_shared_memory() {
             }),
             serving_changes: AtomicU64::new(0),
             launcher_procno: AtomicI32::new(NO_PROC),
+            turns: AtomicU64::new(0),
         }
     );
     READY.store(true, Ordering::Relaxed);
@@ -364,6 +367,11 @@ fn wake_launcher() {
     if procno != NO_PROC {
         super::wake::set_latch(procno as usize);
     }
+}
+
+/// A number that goes up with each call, to take turns by.
+pub fn next_turn() -> usize {
+    shared().map_or(0, |shared| shared.turns.fetch_add(1, Ordering::Relaxed) as usize)
 }
 
 /// The launcher says where its latch is (or that it stopped, with `None`).

@@ -1,8 +1,10 @@
 //! Waking relay workers the moment an enqueuing transaction commits.
 //!
 //! Each worker publishes its PGPROC number in its registry slot; `outbox_enqueue` arms a
-//! transaction callback that sets the latches of the database's workers at commit (and counts the
-//! transaction's events for `outbox_enqueued()`). A rolled-back transaction wakes nobody and
+//! transaction callback that sets the latch of one of the database's workers at commit, each in
+//! turn (and counts the transaction's events for `outbox_enqueued()`). One is enough: a worker
+//! whose claim comes back full claims again at once, and waking every worker for each commit
+//! made all but one run a claim that found nothing, and cost each enqueue a signal per worker. A rolled-back transaction wakes nobody and
 //! counts nothing. Polling (`outbox.poll_interval`) remains the fallback, e.g. after a
 //! two-phase commit or on a server where the library is not preloaded.
 
@@ -40,7 +42,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
             let events = ENQUEUED_IN_TRANSACTION.swap(0, Ordering::Relaxed);
             if events > 0 {
                 registry::count_enqueued(events);
-                wake_workers_of(registry::my_database());
+                wake_one_worker_of(registry::my_database());
             }
         }
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {
@@ -50,7 +52,16 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     }
 }
 
-/// Wakes the relay workers serving `database`.
+/// Wakes the next of the relay workers serving `database`, in turn.
+fn wake_one_worker_of(database: pg_sys::Oid) {
+    let running = || registry::slots_of(database).filter_map(|slot| slot.running_procno());
+    let count = running().count();
+    if count > 0 {
+        running().nth(registry::next_turn() % count).into_iter().for_each(set_latch);
+    }
+}
+
+/// Wakes every relay worker serving `database`.
 pub fn wake_workers_of(database: pg_sys::Oid) {
     // A stale slot (a worker that crashed) only causes a harmless spurious wakeup.
     registry::slots_of(database).filter_map(|slot| slot.running_procno()).for_each(set_latch);
