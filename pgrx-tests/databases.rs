@@ -155,6 +155,13 @@ fn every_database_with_the_extension_is_served_and_one_dropped_or_renamed_mid_ru
     db.wait_for("the workers come back after RESET", Duration::from_secs(10), |db| relays_per_database(db) == expected);
     wait_until("the events that waited are sent", WAIT, || sent_in(&mut copy) == 210);
     drop(copy);
+    // The same through the workers' role (they read its settings in the database too).
+    db.execute(&format!("ALTER ROLE postgres IN DATABASE {renamed} SET outbox.relay = off"));
+    expected.remove(&renamed);
+    db.wait_for("the workers leave after ALTER ROLE … IN DATABASE", WAIT, |db| relays_per_database(db) == expected);
+    db.execute(&format!("ALTER ROLE postgres IN DATABASE {renamed} RESET outbox.relay"));
+    expected.insert(renamed.clone(), 2);
+    db.wait_for("and come back after its RESET", Duration::from_secs(10), |db| relays_per_database(db) == expected);
 
     // A transaction that changed outbox.relay cannot be prepared: its COMMIT PREPARED could come
     // from a session whose callbacks never tell the relay.
@@ -162,7 +169,7 @@ fn every_database_with_the_extension_is_served_and_one_dropped_or_renamed_mid_ru
         .client
         .batch_execute(&format!("BEGIN; ALTER DATABASE {renamed} SET outbox.relay = off; PREPARE TRANSACTION 'outbox_relay_off'"))
         .expect_err("PREPARE TRANSACTION is refused");
-    assert!(refused.as_db_error().is_some_and(|e| e.message().contains("cannot PREPARE")), "{refused}");
+    assert!(refused.as_db_error().is_some_and(|e| e.message().starts_with("outbox_ext: cannot PREPARE")), "{refused}");
     db.execute("ROLLBACK");
     assert_eq!(db.value::<i64>("SELECT count(*) FROM pg_prepared_xacts"), 0, "nothing was prepared");
 

@@ -77,12 +77,18 @@ fn nothing_a_non_superuser_plants_runs_in_the_workers_or_the_functions() {
     drive_everything_and_check_nothing_planted_ran(&mut db, &receiver);
 
     // The extension in a schema of its own, where mallory may create too, with the planted
-    // objects of public still there. The workers pick the re-created extension up by themselves
-    // (or leave while it is missing and are started again when it is created).
-    db.execute("DROP EXTENSION outbox_ext; DROP SCHEMA IF EXISTS outbox_own CASCADE; CREATE SCHEMA outbox_own");
-    db.execute("CREATE EXTENSION outbox_ext SCHEMA outbox_own; SET search_path = outbox_own, public");
+    // objects of public still there. The running workers pick the re-created extension up by
+    // themselves, preparing their statements again with the planted objects around (dropped
+    // and created in one transaction, they never find it missing, and stay).
+    let pids = db.worker_pids();
+    db.execute(
+        "DROP EXTENSION outbox_ext; DROP SCHEMA IF EXISTS outbox_own CASCADE; CREATE SCHEMA outbox_own;
+         CREATE EXTENSION outbox_ext SCHEMA outbox_own",
+    );
+    db.execute("SET search_path = outbox_own, public");
     plant(&mut db, "outbox_own");
     drive_everything_and_check_nothing_planted_ran(&mut db, &receiver);
+    assert_eq!(db.worker_pids(), pids, "the same workers served the re-created extension");
 
     db.execute("DROP EXTENSION outbox_ext; DROP SCHEMA outbox_own CASCADE; RESET search_path; CREATE EXTENSION outbox_ext SCHEMA public");
     db.execute("DROP TABLE public.planted_calls; DROP OWNED BY mallory");

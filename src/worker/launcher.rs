@@ -120,6 +120,9 @@ struct Launcher {
     /// forgotten if still missing now (a database created since the catalog was read would
     /// otherwise lose the entry its first commits made).
     missing_once: HashSet<Oid>,
+    /// When the launcher last got a SIGHUP: a probe started before it may have read an
+    /// `outbox.relay` that the reload changed.
+    reloaded_at: Option<Instant>,
     said_waiting: bool,
     said_no_worker_slot: bool,
     said_no_registry_slot: bool,
@@ -132,6 +135,7 @@ impl Launcher {
             databases: HashMap::new(),
             started: HashMap::new(),
             missing_once: HashSet::new(),
+            reloaded_at: None,
             said_waiting: false,
             said_no_worker_slot: false,
             said_no_registry_slot: false,
@@ -153,7 +157,8 @@ impl Launcher {
             let extension = self.read_reports(db.oid);
             let workers = match extension {
                 Extension::Installed => settings::workers(),
-                Extension::Unknown if self.is_probing(db.oid) => 1,
+                // A probe still running keeps its worker, counted or not (see is_probing).
+                Extension::Unknown if self.is_running(db.oid, 1) => 1,
                 Extension::Unknown if probes < PROBES_AT_ONCE => {
                     probes += 1;
                     1
@@ -186,6 +191,7 @@ impl Launcher {
     /// Looks again into every database found without the extension (after a reload, which
     /// may have turned `outbox.relay` on).
     fn look_again(&mut self) {
+        self.reloaded_at = Some(Instant::now());
         for extension in self.databases.values_mut() {
             if matches!(extension, Extension::Absent { .. }) {
                 *extension = Extension::Unknown;
@@ -217,7 +223,11 @@ impl Launcher {
         for slot in registry::slots_of(database) {
             match slot.found() {
                 (Found::NoExtension, as_of) if slot.live_pid().is_none() => {
+                    let started = self.started.get(&(database, slot.number())).map(|(_, at)| *at);
+                    let before_reload = started.zip(self.reloaded_at).is_some_and(|(started, reloaded)| started < reloaded);
                     *known = match *known {
+                        // Looked again: the reload may have turned outbox.relay on.
+                        _ if before_reload => Extension::Unknown,
                         Extension::Absent { as_of: before, since } => Extension::Absent { as_of: before.min(as_of), since },
                         _ => Extension::Absent { as_of, since: Instant::now() },
                     };

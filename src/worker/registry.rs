@@ -172,8 +172,6 @@ pub struct Shared {
     serving_changes: AtomicU64,
     /// The launcher's PGPROC number, NO_PROC while none runs.
     launcher_procno: AtomicI32,
-    /// Commits that woke a worker: which one a commit wakes goes round.
-    turns: AtomicU64,
 }
 
 // SAFETY: as for WorkerSlot.
@@ -199,7 +197,6 @@ pub fn init_shared_memory() {
             }),
             serving_changes: AtomicU64::new(0),
             launcher_procno: AtomicI32::new(NO_PROC),
-            turns: AtomicU64::new(0),
         }
     );
     READY.store(true, Ordering::Relaxed);
@@ -346,20 +343,24 @@ pub fn settings_changed_in(database: Oid) -> u64 {
     entries_of(database).map(|entry| entry.settings_changed.load(Ordering::SeqCst)).max().unwrap_or(0)
 }
 
-/// Called once such a change committed for `database` (`settings`: a change of
-/// `outbox.relay`): the launcher looks into it again if it found nothing to serve there
-/// before, and workers that read its settings before the change restart.
-pub fn note_serving_changed(database: Oid, settings: bool) {
-    if let Some(shared) = shared() {
-        let count = shared.serving_changes.fetch_add(1, Ordering::SeqCst) + 1;
-        if let Some(entry) = entry_of(database) {
-            entry.serving_changed.fetch_max(count, Ordering::SeqCst);
-            if settings {
-                entry.settings_changed.fetch_max(count, Ordering::SeqCst);
-            }
+/// Called once such a change committed for `database` (`None`: every database that has an
+/// entry; `settings`: a change of `outbox.relay`): the launcher looks into it again if it
+/// found nothing to serve there before, and workers that read its settings before the change
+/// restart.
+pub fn note_serving_changed(database: Option<Oid>, settings: bool) {
+    let Some(shared) = shared() else { return };
+    let count = shared.serving_changes.fetch_add(1, Ordering::SeqCst) + 1;
+    let entries: Vec<&DatabaseSlot> = match database {
+        Some(database) => entry_of(database).into_iter().collect(),
+        None => shared.databases.iter().filter(|entry| entry.oid.load(Ordering::SeqCst) != NO_DATABASE).collect(),
+    };
+    for entry in entries {
+        entry.serving_changed.fetch_max(count, Ordering::SeqCst);
+        if settings {
+            entry.settings_changed.fetch_max(count, Ordering::SeqCst);
         }
-        wake_launcher();
     }
+    wake_launcher();
 }
 
 fn wake_launcher() {
@@ -367,11 +368,6 @@ fn wake_launcher() {
     if procno != NO_PROC {
         super::wake::set_latch(procno as usize);
     }
-}
-
-/// A number that goes up with each call, to take turns by.
-pub fn next_turn() -> usize {
-    shared().map_or(0, |shared| shared.turns.fetch_add(1, Ordering::Relaxed) as usize)
 }
 
 /// The launcher says where its latch is (or that it stopped, with `None`).

@@ -9,9 +9,9 @@
 //!   the dropped database, or starts the workers again in the renamed one (they connect by OID)
 //!   or if the command failed.
 //! - `CREATE EXTENSION outbox_ext`, once committed, has the launcher look again into the
-//!   database if it found no extension there; so does a superuser's `ALTER DATABASE … SET` or
-//!   `RESET outbox.relay` (or `ALTER ROLE … IN DATABASE …`), after which the database's
-//!   workers also restart, to read it.
+//!   database if it found no extension there; so does `ALTER DATABASE … SET` or `RESET
+//!   outbox.relay` (or `ALTER ROLE …`), after which the database's workers also restart, to
+//!   read it.
 //!
 //! A transaction that ran one of these cannot be prepared (PREPARE TRANSACTION): what the relay
 //! must do would then depend on a COMMIT PREPARED that no callback of this session sees.
@@ -66,7 +66,7 @@ unsafe extern "C-unwind" fn hear_utility_command(
     if unsafe { creates_this_extension(statement) } {
         run();
         let database = registry::my_database();
-        register_xact_callback(PgXactCallbackEvent::Commit, move || registry::note_serving_changed(database, false));
+        register_xact_callback(PgXactCallbackEvent::Commit, move || registry::note_serving_changed(Some(database), false));
         register_xact_callback(PgXactCallbackEvent::PrePrepare, refuse_prepare);
         return;
     }
@@ -131,14 +131,15 @@ unsafe fn creates_this_extension(statement: *mut pg_sys::Node) -> bool {
     }
 }
 
-/// The database whose `outbox.relay` a superuser's `statement` sets or resets (also by RESET
-/// ALL): ALTER DATABASE … SET, or ALTER ROLE … IN DATABASE … SET. Only a superuser may change
-/// that setting, so nobody else's command restarts the workers.
-unsafe fn sets_relay_of(statement: *mut pg_sys::Node) -> Option<pg_sys::Oid> {
+/// Whether `statement` sets or resets `outbox.relay` for a database, and for which: ALTER
+/// DATABASE … SET, or ALTER ROLE … [IN DATABASE …] SET (the workers read their role's settings
+/// too; `None`: every database). PostgreSQL checks who may change the setting itself; RESET ALL
+/// counts only when a superuser runs it (it leaves the setting alone for others).
+unsafe fn sets_relay_of(statement: *mut pg_sys::Node) -> Option<Option<pg_sys::Oid>> {
     // SAFETY: the node's tag says which statement struct it is; get_database_oid is a catalog
     // lookup in the caller's transaction.
     unsafe {
-        if statement.is_null() || !pg_sys::superuser() {
+        if statement.is_null() {
             return None;
         }
         let (name, set) = match (*statement).type_ {
@@ -152,13 +153,19 @@ unsafe fn sets_relay_of(statement: *mut pg_sys::Node) -> Option<pg_sys::Oid> {
             }
             _ => return None,
         };
-        if name.is_null() || set.is_null() {
+        if set.is_null() {
             return None;
         }
-        let relay = (*set).kind == pg_sys::VariableSetKind::VAR_RESET_ALL
+        let relay = ((*set).kind == pg_sys::VariableSetKind::VAR_RESET_ALL && pg_sys::superuser())
             || (!(*set).name.is_null() && CStr::from_ptr((*set).name).to_bytes().eq_ignore_ascii_case(b"outbox.relay"));
+        if !relay {
+            return None;
+        }
+        if name.is_null() {
+            return Some(None);
+        }
         let database = pg_sys::get_database_oid(name, true);
-        (relay && database != pg_sys::InvalidOid).then_some(database)
+        (database != pg_sys::InvalidOid).then_some(Some(database))
     }
 }
 
