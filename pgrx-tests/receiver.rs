@@ -1,6 +1,12 @@
 //! A real HTTP receiver on 127.0.0.1 for the tests: records every request it gets and answers
 //! as the test says (a status, a Retry-After, or holding the request until released).
+//!
+//! Plain HTTP/1.1 on std sockets, one thread per connection: a server with a thread pool can
+//! leave a burst of new connections queued behind requests it holds open, which a test would
+//! take for the relay not sending them.
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
@@ -80,8 +86,8 @@ pub struct Receiver {
 
 impl Receiver {
     pub fn start(reply: Reply) -> Receiver {
-        let server = tiny_http::Server::http("127.0.0.1:0").expect("bind 127.0.0.1");
-        let port = server.server_addr().to_ip().expect("an IP listener").port();
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        let port = listener.local_addr().expect("a bound address").port();
         let receiver = Receiver {
             url: format!("http://127.0.0.1:{port}/events"),
             reply: Arc::new(Mutex::new(reply)),
@@ -89,9 +95,9 @@ impl Receiver {
         };
         let (reply, state) = (receiver.reply.clone(), receiver.state.clone());
         thread::spawn(move || {
-            for request in server.incoming_requests() {
-                let (reply, state) = (*reply.lock().unwrap(), state.clone());
-                thread::spawn(move || answer(request, reply, &state));
+            for stream in listener.incoming().flatten() {
+                let (reply, state) = (reply.clone(), state.clone());
+                thread::spawn(move || serve(stream, &reply, &state));
             }
         });
         receiver
@@ -136,26 +142,79 @@ impl Drop for Receiver {
     }
 }
 
-fn answer(mut request: tiny_http::Request, reply: Reply, state: &(Mutex<State>, Condvar)) {
-    let header = |name: &'static str| request.headers().iter().find(|h| h.field.equiv(name)).map(|h| h.value.as_str().to_string());
-    let id = header("webhook-id").and_then(|v| v.parse().ok()).unwrap_or(-1);
-    let (timestamp, signature) = (header("webhook-timestamp").unwrap_or_default(), header("webhook-signature"));
-    let (content_type, user_agent) = (header("content-type"), header("user-agent"));
-    let headers = request.headers().iter().map(|h| (h.field.as_str().as_str().to_lowercase(), h.value.as_str().to_string())).collect();
-    let mut body = String::new();
-    let _ = request.as_reader().read_to_string(&mut body);
+/// One request as read from a connection.
+pub struct Request {
+    /// Names in lower case.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// The next request of a keep-alive connection; `None` once the connection ends, or if the
+/// request is not one this reader understands.
+pub fn read_request(reader: &mut impl BufRead) -> Option<Request> {
+    let mut headers = Vec::new();
+    let mut line = String::new();
+    if reader.read_line(&mut line).ok()? == 0 {
+        return None; // the request line, or the end of the connection
+    }
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        let (name, value) = line.split_once(':')?;
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+    }
+    let length = headers.iter().find(|(name, _)| name == "content-length").map_or(Some(0), |(_, v)| v.parse().ok())?;
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(Request { headers, body })
+}
+
+/// Answers the requests of one connection as the test's reply says, until the relay closes it.
+fn serve(stream: TcpStream, reply: &Mutex<Reply>, state: &(Mutex<State>, Condvar)) {
+    let mut writer = stream.try_clone().expect("a second handle on the connection");
+    let mut reader = BufReader::new(stream);
+    while let Some(request) = read_request(&mut reader) {
+        let reply = *reply.lock().unwrap();
+        let header = |name: &str| request.header(name).map(str::to_string);
+        let delivery = Delivery {
+            id: header("webhook-id").and_then(|v| v.parse().ok()).unwrap_or(-1),
+            timestamp: header("webhook-timestamp").unwrap_or_default(),
+            signature: header("webhook-signature"),
+            content_type: header("content-type"),
+            user_agent: header("user-agent"),
+            body: String::from_utf8_lossy(&request.body).into_owned(),
+            headers: request.headers.clone(),
+            at: Instant::now(),
+        };
+        if writer.write_all(answer(delivery, reply, state).as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Records the delivery and returns the response to write, once it is time to answer.
+fn answer(delivery: Delivery, reply: Reply, state: &(Mutex<State>, Condvar)) -> String {
     let (lock, wakeup) = state;
     {
         let mut state = lock.lock().unwrap();
-        state.deliveries.push(Delivery { id, timestamp, signature, content_type, user_agent, body, headers, at: Instant::now() });
+        state.deliveries.push(delivery);
         state.open += 1;
         state.most_open = state.most_open.max(state.open);
     }
-    let response = match reply {
-        Reply::Status(status) => tiny_http::Response::empty(status),
-        Reply::RetryAfter(status, seconds) => {
-            tiny_http::Response::empty(status).with_header(tiny_http::Header::from_bytes("Retry-After", seconds.to_string()).unwrap())
-        }
+    let (status, retry_after) = match reply {
+        Reply::Status(status) => (status, None),
+        Reply::RetryAfter(status, seconds) => (status, Some(seconds)),
         Reply::Hold => {
             let mut guard = lock.lock().unwrap();
             guard.held += 1;
@@ -163,13 +222,22 @@ fn answer(mut request: tiny_http::Request, reply: Reply, state: &(Mutex<State>, 
                 guard = wakeup.wait(guard).unwrap();
             }
             guard.held -= 1;
-            tiny_http::Response::empty(204)
+            (204, None)
         }
         Reply::Delay(ms) => {
             thread::sleep(std::time::Duration::from_millis(ms));
-            tiny_http::Response::empty(204)
+            (204, None)
         }
     };
     lock.lock().unwrap().open -= 1;
-    let _ = request.respond(response);
+    // A 204 has no body and so no content-length; every other answer says it has none.
+    let mut response = format!("HTTP/1.1 {status} Test\r\n");
+    if status != 204 {
+        response.push_str("content-length: 0\r\n");
+    }
+    if let Some(seconds) = retry_after {
+        response.push_str(&format!("retry-after: {seconds}\r\n"));
+    }
+    response.push_str("\r\n");
+    response
 }
