@@ -111,3 +111,39 @@ fn after_the_extension_is_dropped_and_created_again_in_place_the_workers_deliver
     assert_eq!(receiver.deliveries_of(after).len(), 1);
     assert_eq!(db.worker_pids(), pids, "no worker restarted");
 }
+
+#[test]
+fn plans_made_on_a_near_empty_table_never_scan_the_deliveries_whole_as_the_backlog_grows() {
+    // db() empties the tables: the workers plan their statements again at their next use.
+    let mut db = db();
+    let (ok, failing) = (Receiver::start(Reply::Status(204)), Receiver::start(Reply::Status(500)));
+    db.configure(&[("outbox.webhook_url", &ok.url)]);
+    db.execute(&format!("SELECT outbox_endpoint_set('failing', '{}')", failing.url));
+    let totals = "SELECT sum(delivered)::bigint + sum(failed)::bigint FROM outbox_workers()";
+    let table = "FROM pg_stat_user_tables WHERE relid = 'outbox_deliveries'::regclass";
+    // One event first: its claim, acknowledgement and failure are planned with a row or two in
+    // the table, as after CREATE EXTENSION or a TRUNCATE, when the statistics say as little.
+    let before: i64 = db.value(totals);
+    db.enqueue("first", "{}");
+    wait_until("the first event is sent to one endpoint and failed at the other", Duration::from_secs(10), || {
+        db.value::<i64>(totals) >= before + 2
+    });
+    let (scanned_before, updates_before): (i64, i64) = {
+        let row = db.client.query_one(&format!("SELECT seq_tup_read, n_tup_upd {table}"), &[]).unwrap();
+        (row.get(0), row.get(1))
+    };
+
+    // Then a backlog: 2,000 events, each sent to one endpoint and failing at the other.
+    let before: i64 = db.value(totals);
+    db.execute("SELECT count(outbox_enqueue('backlog', '{}')) FROM generate_series(1, 2000)");
+    wait_until("every event is sent once and failed once", Duration::from_secs(60), || db.value::<i64>(totals) >= before + 4000);
+    // Claims, acknowledgements and failures: 8,000 updates, counted once the workers report
+    // their statistics, the rows their table scans read among them (a bitmap scan of an index
+    // counts as a scan of the table, but its rows do not count as read by one).
+    wait_until("the workers' updates are counted", Duration::from_secs(10), || {
+        db.value::<i64>(&format!("SELECT n_tup_upd {table}")) >= updates_before + 8000
+    });
+    let scanned: i64 = db.value(&format!("SELECT seq_tup_read {table}"));
+    assert_eq!(scanned, scanned_before, "the workers found the rows of every batch by an index, never by reading the table whole");
+    db.execute("SELECT outbox_endpoint_drop('failing')");
+}

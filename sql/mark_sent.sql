@@ -10,7 +10,8 @@ WITH sent AS (
            dead_at = NULL,
            waiting = false
       FROM unnest($1::text[], $2::bigint[]) AS a (endpoint, event_id)
-     WHERE d.event_id = a.event_id
+     WHERE d.event_id = ANY ($2)
+       AND d.event_id = a.event_id
        AND d.endpoint = a.endpoint
        AND d.sent_at IS NULL
        AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $3)

@@ -1089,6 +1089,7 @@ BEGIN
            SET sent_at = now(), claimed_by = NULL, waiting = false
           FROM unnest(outbox_ack_batch.event_ids, outbox_ack_batch.attempts) AS a (event_id, attempt)
          WHERE d.endpoint = outbox_ack_batch.endpoint
+           AND d.event_id = ANY (outbox_ack_batch.event_ids)
            AND d.event_id = a.event_id
            AND d.attempts = a.attempt
            AND d.claimed_by IS NOT NULL

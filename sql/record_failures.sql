@@ -13,7 +13,8 @@ WITH failed AS (
            dead_at      = CASE WHEN d.attempts >= f.max_attempts THEN now() END
       FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::text[], $5::float8[], $6::integer[])
            AS f (endpoint, event_id, attempts, error, retry_ms, max_attempts)
-     WHERE d.event_id = f.event_id
+     WHERE d.event_id = ANY ($2)
+       AND d.event_id = f.event_id
        AND d.endpoint = f.endpoint
        AND d.attempts = f.attempts
        AND d.sent_at IS NULL

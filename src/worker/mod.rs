@@ -116,8 +116,8 @@ enum Stop {
 
 impl Relay {
     fn run(&mut self) {
-        if let Err(e) = queue::pin_search_path() {
-            error!("outbox_ext relay {}: cannot pin the search_path: {e}", self.number);
+        if let Err(e) = queue::prepare_session() {
+            error!("outbox_ext relay {}: cannot set up its session: {e}", self.number);
         }
         let mut served = false;
         while let Some(queries) = self.wait_for_extension(served) {

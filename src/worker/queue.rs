@@ -107,16 +107,26 @@ pub fn claim_batch_sql(installation: &Installation) -> String {
     installation.qualify(CLAIM_BATCH)
 }
 
-/// Pins this session's search_path to pg_catalog: every statement the worker runs then
-/// resolves operators and functions there, and names the extension's tables by schema, so
-/// nothing another role created (in public or in the extension's schema) runs as this worker.
-pub fn pin_search_path() -> Result<(), TransactionError> {
+/// Sets up the worker's session for its statements. The search_path is pinned to pg_catalog:
+/// every statement the worker runs then resolves operators and functions there, and names the
+/// extension's tables by schema, so nothing another role created (in public or in the
+/// extension's schema) runs as this worker. Plans are made once, and never by a table scan.
+pub fn prepare_session() -> Result<(), TransactionError> {
     transaction::run(|| {
         Spi::connect_mut(|client| {
             client.update("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)", None, &[])?;
             // The prepared statements' plans do not depend on their arguments' values: plan
             // them once, not again for each call as the plan cache may choose to.
             client.update("SELECT pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', false)", None, &[])?;
+            // A plan made once must suit the tables at any size. Made while they were small
+            // (after CREATE EXTENSION or a TRUNCATE, before autovacuum's ANALYZE), it would
+            // read the whole of outbox_deliveries for each batch once the backlog grows, and
+            // each batch would then take longer than the last. Every statement here finds its
+            // rows by an index or by their addresses, so scanning a table whole is ruled out.
+            client.update("SELECT pg_catalog.set_config('enable_seqscan', 'off', false)", None, &[])?;
+            // Short statements on few rows, which JIT compilation would only slow down: and a
+            // table scan that is left (a sequence, a small catalog) now costs enough to set it off.
+            client.update("SELECT pg_catalog.set_config('jit', 'off', false)", None, &[])?;
             Ok(())
         })
     })
