@@ -1117,7 +1117,8 @@ BEGIN
       FROM unnest(outbox_ack_batch.event_ids, outbox_ack_batch.attempts) AS a (event_id, attempt)
       JOIN @extschema@.outbox_deliveries AS d
         ON d.endpoint = outbox_ack_batch.endpoint AND d.event_id = a.event_id AND d.attempts = a.attempt
-     WHERE d.sent_at IS NOT NULL;
+     WHERE d.event_id = ANY (outbox_ack_batch.event_ids)
+       AND d.sent_at IS NOT NULL;
 END
 $$;
 

@@ -121,11 +121,12 @@ pub fn prepare_session() -> Result<(), TransactionError> {
             // A plan made once must suit the tables at any size. Made while they were small
             // (after CREATE EXTENSION or a TRUNCATE, before autovacuum's ANALYZE), it would
             // read the whole of outbox_deliveries for each batch once the backlog grows, and
-            // each batch would then take longer than the last. Every statement here finds its
-            // rows by an index or by their addresses, so scanning a table whole is ruled out.
+            // each batch would then take longer than the last. Every statement on the queue's
+            // tables finds its rows by an index or by their addresses: rule table scans out.
             client.update("SELECT pg_catalog.set_config('enable_seqscan', 'off', false)", None, &[])?;
-            // Short statements on few rows, which JIT compilation would only slow down: and a
-            // table scan that is left (a sequence, a small catalog) now costs enough to set it off.
+            // Needed with the above: the scans left (of a sequence, of the few endpoints) keep
+            // the penalty that rules them out elsewhere, which is far above jit_above_cost, and
+            // would have every such statement compiled. The workers' statements are short.
             client.update("SELECT pg_catalog.set_config('jit', 'off', false)", None, &[])?;
             Ok(())
         })
