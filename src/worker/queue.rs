@@ -128,6 +128,11 @@ pub fn prepare_session() -> Result<(), TransactionError> {
             // the penalty that rules them out elsewhere, which is far above jit_above_cost, and
             // would have every such statement compiled. The workers' statements are short.
             client.update("SELECT pg_catalog.set_config('jit', 'off', false)", None, &[])?;
+            // A claim, a failure or a retention pass lost in a crash costs at most a request
+            // sent again, which the lease allows anyway: their commits need not wait for the
+            // WAL to reach disk (the claim is on every event's way to its receiver). Recording
+            // an acknowledgement does wait, as the server is configured to (see `mark_sent`).
+            client.update("SELECT pg_catalog.set_config('synchronous_commit', 'off', false)", None, &[])?;
             Ok(())
         })
     })
@@ -253,6 +258,9 @@ pub fn mark_sent(queries: &Queries, acks: &[(Arc<str>, i64)]) -> Result<i64, Tra
     let ids: Vec<i64> = acks.iter().map(|(_, id)| *id).collect();
     transaction::run(|| {
         Spi::connect_mut(|client| {
+            // Durable before the worker goes on: an acknowledged delivery is not sent again
+            // after a crash. The server's own setting, not the session's (prepare_session).
+            client.update("SET LOCAL synchronous_commit TO DEFAULT", None, &[])?;
             let rows = client.update(&queries.mark_sent, None, &[endpoints.into(), ids.into(), queries.installation.oid.into()])?;
             let mut released = 0;
             for row in rows {
