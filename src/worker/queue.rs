@@ -133,6 +133,11 @@ pub fn prepare_session() -> Result<(), TransactionError> {
             // WAL to reach disk (the claim is on every event's way to its receiver). Recording
             // an acknowledgement does wait, as the server is configured to (see `mark_sent`).
             client.update("SELECT pg_catalog.set_config('synchronous_commit', 'off', false)", None, &[])?;
+            // In a deadlock with someone's DDL (DROP EXTENSION, a TRUNCATE, an ALTER TABLE that
+            // locks the tables in another order than a worker statement), the worker, which
+            // checks first, is the one that gives way: its statement fails and is tried again;
+            // the user's command goes through.
+            client.update("SELECT pg_catalog.set_config('deadlock_timeout', '100ms', false)", None, &[])?;
             Ok(())
         })
     })
