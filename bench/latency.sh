@@ -10,6 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_RUN=${LATENCY_SECONDS:-30}
+. bench/lib.sh
+refuse_if_down_port_listens
 scripts/setup.sh nginx-light
 . scripts/cluster.sh
 install_extension
@@ -30,7 +32,6 @@ start_cluster "$DIR/pg" 54338 "outbox.workers = 2" "max_wal_size = '4GB'" "check
   "shared_preload_libraries = 'outbox_ext,auto_explain'" "auto_explain.log_min_duration = '${LATENCY_EXPLAIN_MS:-1000}ms'" \
   "auto_explain.log_nested_statements = on"
 psql_cluster -q -c "CREATE EXTENSION outbox_ext"
-. bench/lib.sh
 empty_tables() { q "TRUNCATE outbox_deliveries, outbox" >/dev/null; }
 drain_to() { # drain_to ENDPOINTS: 100,000 events enqueued with no URL, then delivered to each
   set_url ""
@@ -42,7 +43,6 @@ drain_to() { # drain_to ENDPOINTS: 100,000 events enqueued with no URL, then del
   q "SELECT outbox_endpoint_drop(n) FROM unnest('{$1}'::text[]) n WHERE n <> 'default'" >/dev/null
 }
 echo "SELECT outbox_enqueue('bench', '{\"order_id\": 1, \"total\": 42.5}');" > "$DIR/enqueue.sql"
-echo "SELECT outbox_enqueue('latency', jsonb_build_object('t', extract(epoch FROM clock_timestamp())));" > "$DIR/latency.sql"
 set_url "$URL"
 if [ "${LATENCY_DRAIN:-0}" = 1 ]; then
   drain_to default && drain_to default,b,c
@@ -59,11 +59,4 @@ if [ "${LATENCY_RESTART:-0}" = 1 ]; then
   wait_for "count(*) = 2 FROM outbox_workers() WHERE pid NOT IN ($old_pids)" 30
   echo "workers restarted"
 fi
-q "SELECT outbox_endpoint_set('down', 'http://127.0.0.1:9/events')" >/dev/null
-failed_before=$(q "SELECT sum(failed) FROM outbox_workers()")
-: > "$DIR/deliveries.log"
-PGHOST=127.0.0.1 PGPORT=$CLUSTER_PORT PGUSER=postgres pgbench -n -c1 -R500 -T"$SECONDS_RUN" -f "$DIR/latency.sql" postgres >/dev/null 2>&1
-wait_for "count(*) = count(sent_at) FROM outbox_deliveries WHERE endpoint = 'default'" 120
-events=$(q "SELECT count(*) FROM outbox_deliveries WHERE endpoint = 'default'")
-read -r p50 p99 pmax <<<"$(receipt_latency "$DIR/deliveries.log" default "$events")"
-echo "latency over $events events: p50 $p50 ms, p99 $p99 ms, max $pmax ms; $(($(q "SELECT sum(failed) FROM outbox_workers()") - failed_before)) failed attempts to down"
+latency_step "$SECONDS_RUN"

@@ -1,5 +1,14 @@
-# Sourced by the benchmarks (bench/run.sh, bench/pull.sh, bench/ordering.sh) after
-# scripts/cluster.sh, once start_cluster has set CLUSTER_PORT: the helpers they share.
+# Sourced by the benchmarks (bench/run.sh, bench/latency.sh, bench/pull.sh, bench/ordering.sh):
+# the helpers they share. Those that talk to the cluster need scripts/cluster.sh and the
+# CLUSTER_PORT its start_cluster sets, when they are called.
+DOWN_PORT=9 # the endpoint that is down points here, where nothing may listen
+# Found out before a run rather than in the middle of it.
+refuse_if_down_port_listens() {
+  if (exec 3<>"/dev/tcp/127.0.0.1/$DOWN_PORT") 2>/dev/null; then
+    echo "bench: something listens on 127.0.0.1:$DOWN_PORT, where the endpoint that is down should point" >&2
+    exit 1
+  fi
+}
 
 q() { psql_cluster -tA -c "$1"; }
 now() { date +%s.%N; }
@@ -75,4 +84,22 @@ SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
        round(max(ms), 1)
   FROM latency;
 SQL
+}
+# latency_step SECONDS: the latency step of bench/run.sh (and bench/latency.sh): endpoint `down`
+# (DOWN_PORT) failing beside `default`, 500 events/s for SECONDS from
+# one pgbench client, each event carrying the clock_timestamp() of its transaction, on empty
+# tables and with nginx logging to $DIR/deliveries.log. Sets p50, p99, pmax (ms),
+# latency_events and down_failures; leaves `down` and the rows in place.
+latency_step() {
+  echo "SELECT outbox_enqueue('latency', jsonb_build_object('t', extract(epoch FROM clock_timestamp())));" > "$DIR/latency.sql"
+  q "SELECT outbox_endpoint_set('down', 'http://127.0.0.1:$DOWN_PORT/events')" >/dev/null
+  local failed_before
+  failed_before=$(q "SELECT sum(failed) FROM outbox_workers()")
+  : > "$DIR/deliveries.log"
+  PGHOST=127.0.0.1 PGPORT=$CLUSTER_PORT PGUSER=postgres pgbench -n -c1 -R500 -T"$1" -f "$DIR/latency.sql" postgres >/dev/null 2>&1
+  wait_for "count(*) = count(sent_at) FROM outbox_deliveries WHERE endpoint = 'default'" 120
+  latency_events=$(q "SELECT count(*) FROM outbox_deliveries WHERE endpoint = 'default'")
+  down_failures=$(($(q "SELECT sum(failed) FROM outbox_workers()") - failed_before))
+  read -r p50 p99 pmax <<<"$(receipt_latency "$DIR/deliveries.log" default "$latency_events")"
+  echo "latency over $latency_events events: p50 $p50 ms, p99 $p99 ms, max $pmax ms; $down_failures failed attempts to down meanwhile"
 }

@@ -13,16 +13,13 @@ COMPARE_0_1_0=${BENCH_COMPARE_0_1_0:-1}
 OLD_COMMIT=63b0dfc # 0.1.0 as released
 # A target directory of its own, kept between runs: next time only the crate is rebuilt.
 OLD_TARGET=$PWD/target/bench-0.1.0
-DOWN_PORT=9 # the endpoint that is down points here, where nothing may listen
+. bench/lib.sh
 # Both found out now rather than after the rest of the run.
 if [ "$COMPARE_0_1_0" = 1 ] && ! git cat-file -e "$OLD_COMMIT^{commit}" 2>/dev/null; then
   echo "bench: commit $OLD_COMMIT (0.1.0) is not in this clone; fetch the history or set BENCH_COMPARE_0_1_0=0" >&2
   exit 1
 fi
-if (exec 3<>"/dev/tcp/127.0.0.1/$DOWN_PORT") 2>/dev/null; then
-  echo "bench: something listens on 127.0.0.1:$DOWN_PORT, where the endpoint that is down should point" >&2
-  exit 1
-fi
+refuse_if_down_port_listens
 
 scripts/setup.sh nginx-light wrk
 . scripts/cluster.sh
@@ -56,7 +53,6 @@ nginx -c "$DIR/nginx.conf"
 
 start_cluster "$DIR/pg" "$PORT" "${CLUSTER_SETTINGS[@]}"
 psql_cluster -q -c "CREATE EXTENSION outbox_ext"
-. bench/lib.sh
 empty_tables() { q "TRUNCATE outbox_deliveries, outbox" >/dev/null; }
 # Endpoints b and c beside default, subscribed to every event: three deliveries per event.
 # Created disabled, so that the workers leave their deliveries alone until they are enabled.
@@ -75,9 +71,6 @@ INSERT INTO outbox (topic, payload) VALUES ('bench', '{"order_id": 1, "total": 4
 SQL
 cat > "$DIR/enqueue.sql" <<'SQL'
 SELECT outbox_enqueue('bench', '{"order_id": 1, "total": 42.5}');
-SQL
-cat > "$DIR/latency.sql" <<'SQL'
-SELECT outbox_enqueue('latency', jsonb_build_object('t', extract(epoch FROM clock_timestamp())));
 SQL
 sql_text() { grep -v '^ *--' "sql/$1" | sed 's/@extschema@/public/g' | tr '\n' ' '; }
 # The workers' claim for endpoint default alone: batch 100, lease 30 s.
@@ -164,15 +157,7 @@ wait_for "count(*) = count(sent_at) FROM outbox_deliveries" 120
 
 echo "== latency: 500 events/s for ${DURATION}s, commit to receipt, with endpoint down failing beside default"
 empty_tables
-q "SELECT outbox_endpoint_set('down', 'http://127.0.0.1:$DOWN_PORT/events')" >/dev/null
-failed_before=$(q "SELECT sum(failed) FROM outbox_workers()")
-: > "$DIR/deliveries.log"
-PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres pgbench -n -c1 -R500 -T"$DURATION" -f "$DIR/latency.sql" postgres >/dev/null 2>&1
-wait_for "count(*) = count(sent_at) FROM outbox_deliveries WHERE endpoint = 'default'" 60
-latency_events=$(q "SELECT count(*) FROM outbox_deliveries WHERE endpoint = 'default'")
-down_failures=$(($(q "SELECT sum(failed) FROM outbox_workers()") - failed_before))
-read -r p50 p99 pmax <<<"$(receipt_latency "$DIR/deliveries.log" default "$latency_events")"
-echo "latency over $latency_events events: p50 $p50 ms, p99 $p99 ms, max $pmax ms; $down_failures failed attempts to down meanwhile"
+latency_step "$DURATION"
 empty_tables
 q "SELECT outbox_endpoint_drop('down')" >/dev/null
 
