@@ -48,6 +48,40 @@ fn a_commit_wakes_a_worker_without_waiting_for_the_poll() {
 }
 
 #[test]
+fn commits_leave_a_worker_with_nothing_to_send_to_asleep_until_it_can_claim() {
+    let mut db = db();
+    // No URL: the only endpoint cannot be sent to. An hour between polls.
+    db.configure(&[("outbox.webhook_url", ""), ("outbox.poll_interval", "1h")]);
+    let pids = db.worker_pids();
+    let before: Vec<u64> = pids.iter().map(|pid| times_slept(*pid)).collect();
+    let ids: Vec<i64> = (0..300).map(|_| db.enqueue("asleep", "{}")).collect();
+    for (pid, before) in pids.iter().zip(before) {
+        let woken = times_slept(*pid) - before;
+        // Without the check every one of the 300 commits woke both workers.
+        assert!(woken < 30, "worker {pid} woke {woken} times during 300 commits it could do nothing about");
+    }
+    // Given a URL it delivers them (the reload's claim), and the next commit wakes it again.
+    let receiver = Receiver::start(Reply::Status(204));
+    db.configure(&[("outbox.webhook_url", &receiver.url)]);
+    wait_until("the 300 events arrive", Duration::from_secs(20), || ids.iter().all(|id| !receiver.deliveries_of(*id).is_empty()));
+    let id = db.enqueue("awake", "{}");
+    wait_until("a commit wakes the worker again, long before the next poll", Duration::from_secs(10), || {
+        !receiver.deliveries_of(id).is_empty()
+    });
+}
+
+/// How many times the process went to sleep of its own accord (its main thread's voluntary
+/// context switches).
+fn times_slept(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the worker's /proc status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("voluntary_ctxt_switches in /proc/<pid>/status")
+}
+
+#[test]
 fn claims_are_served_by_the_partial_index() {
     let mut db = db();
     db.insert_deliveries("history", 20_000, "sent_at", "now()");

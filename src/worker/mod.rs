@@ -235,7 +235,9 @@ impl Relay {
             }
             self.delete_expired_if_due(queries, timers)?;
             report_table_statistics();
-            let sleep = timers.sleep(self.can_claim(), !self.unrecorded_acks.is_empty());
+            let can_claim = self.can_claim();
+            timers.claim_due |= self.slot.want_commits(can_claim);
+            let sleep = timers.sleep(can_claim, !self.unrecorded_acks.is_empty());
             let wakeup = wake::wait(Some(self.sender.doorbell().fd()), sleep);
             timers.after_wait(wakeup.latch, self.settings.poll_interval);
         }

@@ -2,12 +2,14 @@
 //!
 //! Each worker publishes its PGPROC number in its registry slot; `outbox_enqueue` arms a
 //! transaction callback that sets the latches of the database's workers at commit (and counts
-//! the transaction's events for `outbox_enqueued()`). Every worker, not one in turn: a worker
-//! busy with a failing endpoint, or without room for the event's endpoint, would leave the
-//! event to the next poll (waking one in turn made the p50 latency at 500 events/s with an
-//! endpoint down 4.5 s instead of 6 ms). A rolled-back transaction wakes nobody and
-//! counts nothing. Polling (`outbox.poll_interval`) remains the fallback, e.g. after a
-//! two-phase commit or on a server where the library is not preloaded.
+//! the transaction's events for `outbox_enqueued()`). Every worker that can claim, not one in
+//! turn: a worker busy with a failing endpoint, or without room for the event's endpoint,
+//! would leave the event to the next poll (waking one in turn made the p50 latency at 500
+//! events/s with an endpoint down 4.5 s instead of 6 ms). A worker that cannot claim (its
+//! request slots are taken, or it has no endpoint to send to) is left asleep, and claims once
+//! when it can again. A rolled-back transaction wakes nobody and counts nothing. Polling
+//! (`outbox.poll_interval`) remains the fallback, e.g. after a two-phase commit or on a
+//! server where the library is not preloaded.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -43,7 +45,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
             let events = ENQUEUED_IN_TRANSACTION.swap(0, Ordering::Relaxed);
             if events > 0 {
                 registry::count_enqueued(events);
-                wake_workers_of(registry::my_database());
+                wake_claiming_workers_of(registry::my_database());
             }
         }
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE => {
@@ -51,6 +53,11 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
         }
         _ => {}
     }
+}
+
+/// Wakes the relay workers serving `database` that can claim now (`WorkerSlot::want_commits`).
+fn wake_claiming_workers_of(database: pg_sys::Oid) {
+    registry::slots_of(database).filter(|slot| slot.wants_commits()).filter_map(|slot| slot.running_procno()).for_each(set_latch);
 }
 
 /// Wakes every relay worker serving `database`.
