@@ -87,7 +87,12 @@ fn claims_are_served_by_the_partial_index() {
     db.insert_deliveries("history", 20_000, "sent_at", "now()");
     db.insert_deliveries("pending", 10, "attempts", "0");
     db.execute("ANALYZE outbox; ANALYZE outbox_deliveries");
-    let installation = Installation { schema: "public".into(), version: LIBRARY_VERSION.into(), oid: pgrx::pg_sys::InvalidOid };
+    let installation = Installation {
+        schema: "public".into(),
+        version: LIBRARY_VERSION.into(),
+        oid: pgrx::pg_sys::InvalidOid,
+        namespace: pgrx::pg_sys::InvalidOid,
+    };
     db.execute(&format!("BEGIN; PREPARE claim(text[], bigint[], float8[]) AS {}", claim_batch_sql(&installation)));
     let plan: Vec<String> =
         db.client.query("EXPLAIN EXECUTE claim('{default}', '{100}', '{30000}')", &[]).unwrap().iter().map(|row| row.get(0)).collect();

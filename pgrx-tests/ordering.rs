@@ -223,7 +223,12 @@ fn claims_never_read_the_deliveries_waiting_behind_their_keys() {
     assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_deliveries WHERE waiting"), 99_000);
     // The relay's own claim statement, as a worker would run it if `jobs` were a webhook
     // endpoint (the kind changes only inside this transaction, which is rolled back).
-    let installation = Installation { schema: "public".into(), version: LIBRARY_VERSION.into(), oid: pgrx::pg_sys::InvalidOid };
+    let installation = Installation {
+        schema: "public".into(),
+        version: LIBRARY_VERSION.into(),
+        oid: pgrx::pg_sys::InvalidOid,
+        namespace: pgrx::pg_sys::InvalidOid,
+    };
     db.execute(&format!(
         "BEGIN; UPDATE outbox_endpoints SET kind = 'webhook', url = 'http://127.0.0.1:9/' WHERE name = 'jobs';
          PREPARE claim(text[], bigint[], float8[]) AS {}",

@@ -7,8 +7,8 @@
 -- can run inside it. EXECUTE is granted to nobody by default: see the README's GRANT recipes.
 
 -- Written in Rust (src/api.rs): it checks a setting and wakes the workers at commit. Its
--- statement (sql/enqueue.sql) names every object by schema instead of pinning search_path,
--- which would cost each call a settings save and restore.
+-- statements (sql/enqueue.sql, sql/route.sql and those they name) name every object by schema
+-- instead of pinning search_path, which would cost each call a settings save and restore.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_enqueue(
     topic text,
     payload jsonb,

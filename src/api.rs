@@ -3,7 +3,7 @@
 use pgrx::callconv::{Arg, ArgAbi};
 use pgrx::pgrx_sql_entity_graph::metadata::{ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable};
 use pgrx::prelude::*;
-use pgrx::spi::OwnedPreparedStatement;
+use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use pgrx::PgSqlErrorCode::{self, ERRCODE_INVALID_PARAMETER_VALUE, ERRCODE_NULL_VALUE_NOT_ALLOWED};
 
 use crate::catalog::{Installation, LIBRARY_VERSION};
@@ -18,8 +18,9 @@ const MAX_TOPIC_BYTES: usize = 255;
 /// match, and returns its id. The workers are woken when (and only if) the transaction commits.
 ///
 /// It runs as the extension's owner: a role needs only EXECUTE on it, and can write nothing
-/// but a checked event through it. Declared in `sql/api.sql`; its statement is
-/// `sql/enqueue.sql`.
+/// but a checked event through it. Declared in `sql/api.sql`; its statements are
+/// `sql/enqueue.sql` and `sql/route.sql`, and when needed `sql/note_unrouted.sql`,
+/// `sql/note_key_arrivals.sql` and `sql/notify_endpoints.sql`.
 #[pg_extern(sql = false)]
 fn enqueue(topic: Option<&str>, payload: Option<JsonbArg>, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
     let topic = match topic {
@@ -141,54 +142,105 @@ fn outbox_enqueued() -> i64 {
 /// The statements of `outbox_enqueue`, prepared once per session against the extension's own
 /// tables, whatever the caller's search_path.
 struct EnqueueStatements {
-    /// The extension they were prepared for: a new OID after DROP and CREATE EXTENSION,
-    /// perhaps in another schema, means preparing them again.
-    extension: pg_sys::Oid,
+    /// The `outbox` table and the schema they were prepared for: after DROP and CREATE
+    /// EXTENSION (perhaps in another schema) the table is another, and they are prepared
+    /// again. Checked in the relation cache; finding the extension each call took a catalog
+    /// scan.
+    outbox: pg_sys::Oid,
+    namespace: pg_sys::Oid,
     insert_event: OwnedPreparedStatement,
+    route: OwnedPreparedStatement,
     note_unrouted: OwnedPreparedStatement,
+    note_key_arrivals: OwnedPreparedStatement,
+    notify_endpoints: OwnedPreparedStatement,
+}
+
+impl EnqueueStatements {
+    fn prepare(client: &mut SpiClient<'_>) -> EnqueueStatements {
+        let installation = Installation::find(client)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| error!("outbox_enqueue: the outbox_ext extension is not installed in this database"));
+        let prepare = |sql: &str, types: &[pg_sys::PgOid]| {
+            client
+                .prepare_mut(installation.qualify(sql).as_str(), types)
+                .unwrap_or_else(|e| error!("outbox_enqueue: cannot prepare its statements: {e}"))
+                .keep()
+        };
+        let (text, jsonb, bigint, timestamptz, text_array) = (
+            pg_sys::TEXTOID.into(),
+            pg_sys::JSONBOID.into(),
+            pg_sys::INT8OID.into(),
+            pg_sys::TIMESTAMPTZOID.into(),
+            pg_sys::TEXTARRAYOID.into(),
+        );
+        EnqueueStatements {
+            insert_event: prepare(include_str!("../sql/enqueue.sql"), &[text, jsonb, text]),
+            route: prepare(include_str!("../sql/route.sql"), &[bigint, text, text, timestamptz]),
+            note_unrouted: prepare(include_str!("../sql/note_unrouted.sql"), &[bigint]),
+            note_key_arrivals: prepare(include_str!("../sql/note_key_arrivals.sql"), &[text_array, text]),
+            notify_endpoints: prepare(include_str!("../sql/notify_endpoints.sql"), &[text_array]),
+            // SAFETY: a relation cache look-up by name, inside the caller's transaction.
+            outbox: unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), installation.namespace) },
+            namespace: installation.namespace,
+        }
+    }
+
+    fn are_current(&self) -> bool {
+        // SAFETY: a relation cache look-up by OID, inside the caller's transaction; an OID
+        // that names no relation gives InvalidOid.
+        self.outbox != pg_sys::InvalidOid && unsafe { pg_sys::get_rel_namespace(self.outbox) } == self.namespace
+    }
 }
 
 thread_local! {
     static ENQUEUE: std::cell::RefCell<Option<EnqueueStatements>> = const { std::cell::RefCell::new(None) };
 }
 
+/// Writes the event and its deliveries; returns the event's id. Each step after the first runs
+/// only when it has something to do: an event that matched no endpoint is noted as unrouted,
+/// waiting deliveries of ordered endpoints are made known to the sequencer, endpoints with
+/// `notify` are notified.
 fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
-    // SAFETY: a catalog lookup by name, inside the caller's transaction.
-    let extension = unsafe { pg_sys::get_extension_oid(c"outbox_ext".as_ptr(), true) };
-    if extension == pg_sys::InvalidOid {
-        error!("outbox_enqueue: the outbox_ext extension is not installed in this database");
-    }
+    let fail = |what: &str, e: pgrx::spi::SpiError| -> ! { error!("outbox_enqueue: {what}: {e}") };
     ENQUEUE.with(|cell| {
         let mut cached = cell.borrow_mut();
         Spi::connect_mut(|client| {
-            if cached.as_ref().is_none_or(|statements| statements.extension != extension) {
-                let installation = Installation::find(client)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_else(|| error!("outbox_enqueue: the outbox_ext extension is not installed in this database"));
-                let prepare = |sql: &str, types: &[pg_sys::PgOid]| {
-                    client
-                        .prepare_mut(installation.qualify(sql).as_str(), types)
-                        .unwrap_or_else(|e| error!("outbox_enqueue: cannot prepare its statements: {e}"))
-                        .keep()
-                };
-                let event_types = [pg_sys::TEXTOID.into(), pg_sys::JSONBOID.into(), pg_sys::TEXTOID.into(), pg_sys::TIMESTAMPTZOID.into()];
-                *cached = Some(EnqueueStatements {
-                    extension,
-                    insert_event: prepare(include_str!("../sql/enqueue.sql"), &event_types),
-                    note_unrouted: prepare(include_str!("../sql/note_unrouted.sql"), &[pg_sys::INT8OID.into()]),
-                });
+            if !cached.as_ref().is_some_and(EnqueueStatements::are_current) {
+                *cached = Some(EnqueueStatements::prepare(client));
             }
             let statements = cached.as_ref().expect("prepared above");
-            let rows = client
-                .update(&statements.insert_event, None, &[topic.into(), payload.into(), key.into(), deliver_at.into()])
-                .unwrap_or_else(|e| error!("outbox_enqueue: insert failed: {e}"));
-            let row = rows.first();
-            let id = row.get::<i64>(1).ok().flatten().unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"));
-            if row.get::<i64>(2).ok().flatten() == Some(0) {
+            let id = client
+                .update(&statements.insert_event, None, &[topic.into(), payload.into(), key.into()])
+                .and_then(|rows| rows.first().get::<i64>(1))
+                .unwrap_or_else(|e| fail("insert failed", e))
+                .unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"));
+            let routed = client
+                .update(&statements.route, None, &[id.into(), topic.into(), key.into(), deliver_at.into()])
+                .unwrap_or_else(|e| fail("routing failed", e));
+            let deliveries = routed.len();
+            let (mut waiting, mut notify) = (Vec::new(), Vec::new());
+            for row in routed {
+                let endpoint = || row.get::<String>(1).ok().flatten().unwrap_or_default();
+                if row.get::<bool>(2).ok().flatten() == Some(true) {
+                    waiting.push(endpoint());
+                }
+                if row.get::<bool>(3).ok().flatten() == Some(true) {
+                    notify.push(endpoint());
+                }
+            }
+            if deliveries == 0 {
                 client
                     .update(&statements.note_unrouted, None, &[id.into()])
-                    .unwrap_or_else(|e| error!("outbox_enqueue: cannot note the event as unrouted: {e}"));
+                    .unwrap_or_else(|e| fail("cannot note the event as unrouted", e));
+            }
+            if !waiting.is_empty() {
+                client
+                    .update(&statements.note_key_arrivals, None, &[waiting.into(), key.into()])
+                    .unwrap_or_else(|e| fail("cannot note the key for the sequencer", e));
+            }
+            if !notify.is_empty() {
+                client.update(&statements.notify_endpoints, None, &[notify.into()]).unwrap_or_else(|e| fail("cannot notify", e));
             }
             id
         })

@@ -17,6 +17,8 @@ pub struct Installation {
     pub version: String,
     /// `pg_extension.oid`: a new one after DROP and CREATE EXTENSION.
     pub oid: pgrx::pg_sys::Oid,
+    /// The schema's OID.
+    pub namespace: pgrx::pg_sys::Oid,
 }
 
 impl Installation {
@@ -32,6 +34,7 @@ impl Installation {
             schema: pgrx::spi::quote_identifier(schema.unwrap_or_default()),
             version: version.unwrap_or_default(),
             oid: row.get::<pgrx::pg_sys::Oid>(3)?.unwrap_or(pgrx::pg_sys::InvalidOid),
+            namespace: row.get::<pgrx::pg_sys::Oid>(4)?.unwrap_or(pgrx::pg_sys::InvalidOid),
         }))
     }
 
