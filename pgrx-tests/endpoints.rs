@@ -242,6 +242,30 @@ fn a_backlog_at_one_endpoint_does_not_hold_up_another_and_max_in_flight_bounds_i
 }
 
 #[test]
+fn an_endpoint_that_gets_room_back_sends_what_was_committed_while_it_was_full() {
+    let mut db = db();
+    // With an hour between polls, only the finished requests can start the claim.
+    db.configure(&[("outbox.poll_interval", "1h")]);
+    let full = Receiver::start(Reply::Hold);
+    let other = Receiver::start(Reply::Status(204));
+    db.execute("SELECT outbox_endpoint_drop('default')");
+    endpoint(&mut db, "full", &full.url, "{full}", ", max_in_flight => 1");
+    endpoint(&mut db, "other", &other.url, "{other}", "");
+    // One request held per worker: neither has room for endpoint full, both have room for
+    // other, so the next commit wakes them and their claim leaves endpoint full out.
+    db.execute("SELECT outbox_enqueue('full', '{}') FROM generate_series(1, 2)");
+    wait_until("each worker holds a request to endpoint full", Duration::from_secs(10), || full.held() == 2);
+    let late = db.enqueue("full", "{}");
+    let id = db.enqueue("other", "{}");
+    wait_until("the event for endpoint other arrives", Duration::from_secs(10), || other.deliveries_of(id).len() == 1);
+    assert!(full.deliveries_of(late).is_empty());
+    full.release();
+    wait_until("the event committed while endpoint full had no room arrives once it has", Duration::from_secs(10), || {
+        full.deliveries_of(late).len() == 1
+    });
+}
+
+#[test]
 fn an_endpoint_failing_past_disable_after_is_disabled_and_resumes_when_enabled() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Status(503));

@@ -144,7 +144,7 @@ fn outbox_enqueued() -> i64 {
 struct EnqueueStatements {
     /// The `outbox` table and the schema they were prepared for: after DROP and CREATE
     /// EXTENSION (perhaps in another schema) the table is another, and they are prepared
-    /// again. Checked in the relation cache; finding the extension each call took a catalog
+    /// again. Checked in the system cache; finding the extension each call took a catalog
     /// scan.
     outbox: pg_sys::Oid,
     namespace: pg_sys::Oid,
@@ -180,14 +180,14 @@ impl EnqueueStatements {
             note_unrouted: prepare(include_str!("../sql/note_unrouted.sql"), &[bigint]),
             note_key_arrivals: prepare(include_str!("../sql/note_key_arrivals.sql"), &[text_array, text]),
             notify_endpoints: prepare(include_str!("../sql/notify_endpoints.sql"), &[text_array]),
-            // SAFETY: a relation cache look-up by name, inside the caller's transaction.
+            // SAFETY: a system cache look-up by name, inside the caller's transaction.
             outbox: unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), installation.namespace) },
             namespace: installation.namespace,
         }
     }
 
     fn are_current(&self) -> bool {
-        // SAFETY: a relation cache look-up by OID, inside the caller's transaction; an OID
+        // SAFETY: a system cache look-up by OID, inside the caller's transaction; an OID
         // that names no relation gives InvalidOid.
         self.outbox != pg_sys::InvalidOid && unsafe { pg_sys::get_rel_namespace(self.outbox) } == self.namespace
     }
@@ -221,7 +221,8 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
             let deliveries = routed.len();
             let (mut waiting, mut notify) = (Vec::new(), Vec::new());
             for row in routed {
-                let endpoint = || row.get::<String>(1).ok().flatten().unwrap_or_default();
+                let endpoint =
+                    || row.get::<String>(1).ok().flatten().unwrap_or_else(|| error!("outbox_enqueue: a delivery without an endpoint"));
                 if row.get::<bool>(2).ok().flatten() == Some(true) {
                     waiting.push(endpoint());
                 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use pgrx::prelude::*;
 
 use super::queue::{Claim, EndpointRow};
-use crate::delivery::{Sender, Target};
+use crate::delivery::{Attempt, Sender, Target};
 use crate::settings::Settings;
 
 /// The endpoint whose null URL means the setting `outbox.webhook_url`.
@@ -98,13 +98,33 @@ impl Endpoints {
         self.claims(sender, settings).next().is_some()
     }
 
+    /// Whether `finished` gave some endpoint back the room for a claim it lacked: its events
+    /// committed meanwhile were left out of every claim, and no commit may come to wake the
+    /// worker for them.
+    pub fn room_regained(&self, finished: &[Attempt], sender: &Sender, settings: &Settings) -> bool {
+        self.active.iter().any(|name| {
+            let ended = finished.iter().filter(|attempt| attempt.endpoint == *name).count();
+            let free = self.free_slots(name, sender);
+            let needed = self.room_needed(name, settings);
+            ended > 0 && free >= needed && free - ended < needed
+        })
+    }
+
+    fn free_slots(&self, name: &str, sender: &Sender) -> usize {
+        self.known[name].max_in_flight.saturating_sub(sender.in_flight_to(name))
+    }
+
+    /// Free request slots an endpoint needs for a claim: half a batch.
+    fn room_needed(&self, name: &str, settings: &Settings) -> usize {
+        settings.batch_size.min(self.known[name].max_in_flight).div_ceil(2)
+    }
+
     fn claims<'a>(&'a self, sender: &'a Sender, settings: &'a Settings) -> impl Iterator<Item = Claim> + 'a {
         self.active.iter().filter_map(move |name| {
             let endpoint = &self.known[name];
             let target = endpoint.target.as_ref().ok()?;
-            let free = endpoint.max_in_flight.saturating_sub(sender.in_flight_to(name));
-            let batch = settings.batch_size.min(endpoint.max_in_flight);
-            (free >= batch.div_ceil(2)).then(|| Claim {
+            let free = self.free_slots(name, sender);
+            (free >= self.room_needed(name, settings)).then(|| Claim {
                 endpoint: name.clone(),
                 limit: free.min(settings.batch_size),
                 lease: settings.lease.max(target.timeout + LEASE_MARGIN),

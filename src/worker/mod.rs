@@ -196,6 +196,8 @@ impl Relay {
                 log!("outbox_ext relay {}: {reason}", self.number);
                 said = reason;
             }
+            // A commit ends the wait: the first enqueue after ALTER EXTENSION UPDATE.
+            self.slot.set_wakes_on_commit(true);
             wake::wait(Some(self.sender.doorbell().fd()), self.settings.poll_interval);
             if BackgroundWorker::sigterm_received() {
                 return None;
@@ -225,6 +227,7 @@ impl Relay {
             // claim: a commit's fresh event is sent before the transactions that record what
             // finished, which under a failing endpoint are most of the worker's time.
             let finished = self.sender.take_finished();
+            timers.claim_due |= self.endpoints.room_regained(&finished, &self.sender, &self.settings);
             self.claim_if_due(queries, timers)?;
             // The next events of ordered keys just sent are due: claim them without waiting.
             timers.claim_due |= self.record_finished(queries, finished)?;
@@ -236,7 +239,7 @@ impl Relay {
             self.delete_expired_if_due(queries, timers)?;
             report_table_statistics();
             let can_claim = self.can_claim();
-            timers.claim_due |= self.slot.want_commits(can_claim);
+            timers.claim_due |= self.slot.set_wakes_on_commit(can_claim);
             let sleep = timers.sleep(can_claim, !self.unrecorded_acks.is_empty());
             let wakeup = wake::wait(Some(self.sender.doorbell().fd()), sleep);
             timers.after_wait(wakeup.latch, self.settings.poll_interval);
@@ -500,7 +503,8 @@ fn warn_dead(delivery: &DeadDelivery) {
 
 /// When the loop's next claim and retention pass are due.
 struct Timers {
-    /// A commit woke the worker, or the last claim came back full.
+    /// A commit woke the worker, the last claim came back full, the worker can claim again
+    /// after it could not, or an acknowledgement made ordered deliveries claimable.
     claim_due: bool,
     /// The poll or a reload happened since the endpoints were last read: read them again even
     /// if none of those read last could take a claim (one may have been fixed or added).
@@ -553,7 +557,8 @@ impl Timers {
             self.next_poll = now + poll_interval;
         }
         // Not endpoints_stale: a busy database commits thousands of times a second, and each
-        // commit wakes the workers; endpoint changes are picked up at the next poll.
+        // commit wakes the workers that can claim; endpoint changes are picked up at the next
+        // poll.
         self.claim_due |= latch;
     }
 }

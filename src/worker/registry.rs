@@ -50,7 +50,7 @@ pub struct WorkerSlot {
     /// Whether a commit should wake the worker: only while it can claim something. A worker
     /// with every request slot taken, or with no endpoint it can send to, would only wake,
     /// find nothing to do and sleep again, at the cost of a signal per commit.
-    wants_commits: AtomicBool,
+    wakes_on_commit: AtomicBool,
     pub delivered: AtomicI64,
     pub failed: AtomicI64,
     /// Attempts by outcome class (indexed by `OutcomeClass as usize`) since the launcher gave
@@ -73,7 +73,7 @@ impl WorkerSlot {
             absent_as_of: AtomicU64::new(0),
             settings_loaded_at: AtomicI64::new(0),
             in_flight: AtomicI64::new(0),
-            wants_commits: AtomicBool::new(false),
+            wakes_on_commit: AtomicBool::new(false),
             delivered: AtomicI64::new(0),
             failed: AtomicI64::new(0),
             attempts: std::array::from_fn(|_| AtomicI64::new(0)),
@@ -106,16 +106,17 @@ impl WorkerSlot {
     }
 
     /// Whether commits wake the worker now.
-    pub fn wants_commits(&self) -> bool {
-        self.wants_commits.load(Ordering::SeqCst)
+    pub fn wakes_on_commit(&self) -> bool {
+        self.wakes_on_commit.load(Ordering::SeqCst)
     }
 
-    /// Says whether the worker could claim now. True when it could not before: the commits
-    /// made meanwhile woke nobody, so the worker must claim once before it sleeps. (Stored
-    /// before that claim, which then sees every commit that did not wake it.)
-    pub fn want_commits(&self, can_claim: bool) -> bool {
-        let wanted_before = self.wants_commits.swap(can_claim, Ordering::SeqCst);
-        can_claim && !wanted_before
+    /// Publishes whether commits should wake the worker: whether it could claim now. True
+    /// when it could not before: the commits made meanwhile woke nobody, so the worker must
+    /// claim once before it sleeps. (Published before that claim, which then sees every
+    /// commit that did not wake it.)
+    pub fn set_wakes_on_commit(&self, can_claim: bool) -> bool {
+        let before = self.wakes_on_commit.swap(can_claim, Ordering::SeqCst);
+        can_claim && !before
     }
 
     /// What the worker last found, and (for `NoExtension`) as of which `serving_changes()`.
@@ -271,7 +272,7 @@ pub fn claim_slot(index: usize, database: Oid, number: usize) -> Option<&'static
 unsafe extern "C-unwind" fn release_slot_at_exit(_code: i32, index: pg_sys::Datum) {
     if let Some(slot) = slots().get(index.value()) {
         slot.procno.store(NO_PROC, Ordering::SeqCst);
-        slot.wants_commits.store(false, Ordering::SeqCst);
+        slot.wakes_on_commit.store(false, Ordering::SeqCst);
         slot.pid.store(0, Ordering::SeqCst);
         slot.in_flight.store(0, Ordering::Relaxed);
     }

@@ -3,11 +3,11 @@
 //! Each worker publishes its PGPROC number in its registry slot; `outbox_enqueue` arms a
 //! transaction callback that sets the latches of the database's workers at commit (and counts
 //! the transaction's events for `outbox_enqueued()`). Every worker that can claim, not one in
-//! turn: a worker busy with a failing endpoint, or without room for the event's endpoint,
-//! would leave the event to the next poll (waking one in turn made the p50 latency at 500
-//! events/s with an endpoint down 4.5 s instead of 6 ms). A worker that cannot claim (its
-//! request slots are taken, or it has no endpoint to send to) is left asleep, and claims once
-//! when it can again. A rolled-back transaction wakes nobody and counts nothing. Polling
+//! turn: one busy with a failing endpoint would leave the event to the next poll (waking one
+//! in turn made the p50 latency at 500 events/s with an endpoint down 4.5 s instead of
+//! 6 ms). A worker that cannot claim (no endpoint has room for a claim or a URL, or
+//! acknowledgements wait to be recorded) is left asleep, and claims once when it can again.
+//! A rolled-back transaction wakes nobody and counts nothing. Polling
 //! (`outbox.poll_interval`) remains the fallback, e.g. after a two-phase commit or on a
 //! server where the library is not preloaded.
 
@@ -55,9 +55,9 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     }
 }
 
-/// Wakes the relay workers serving `database` that can claim now (`WorkerSlot::want_commits`).
+/// Wakes the relay workers serving `database` that can claim now (`WorkerSlot::set_wakes_on_commit`).
 fn wake_claiming_workers_of(database: pg_sys::Oid) {
-    registry::slots_of(database).filter(|slot| slot.wants_commits()).filter_map(|slot| slot.running_procno()).for_each(set_latch);
+    registry::slots_of(database).filter(|slot| slot.wakes_on_commit()).filter_map(|slot| slot.running_procno()).for_each(set_latch);
 }
 
 /// Wakes every relay worker serving `database`.
