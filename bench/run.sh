@@ -72,6 +72,12 @@ SQL
 cat > "$DIR/enqueue.sql" <<'SQL'
 SELECT outbox_enqueue('bench', '{"order_id": 1, "total": 42.5}');
 SQL
+# The least any outbox that keeps a delivery row per endpoint can cost: the event's row and
+# one delivery row, in one plain statement, with no check, routing or wakeup.
+cat > "$DIR/two_rows.sql" <<'SQL'
+WITH event AS (INSERT INTO outbox (topic, payload) VALUES ('bench', '{"order_id": 1, "total": 42.5}') RETURNING id)
+INSERT INTO outbox_deliveries (event_id, endpoint) SELECT id, 'default' FROM event;
+SQL
 sql_text() { grep -v '^ *--' "sql/$1" | sed 's/@extschema@/public/g' | tr '\n' ' '; }
 # The workers' claim for endpoint default alone: batch 100, lease 30 s.
 claim=$(sql_text claim_batch.sql | sed -e "s/\\\$1/ARRAY['default']/g" -e 's/\$2/ARRAY[100]/g' -e 's/\$3/ARRAY[30000]/g')
@@ -100,6 +106,7 @@ for round in 1 2 3 4 5; do
   for commit in on off; do
     measure "insert-$commit" "$commit" insert.sql
     measure "enqueue-$commit" "$commit" enqueue.sql
+    measure "two_rows-$commit" "$commit" two_rows.sql
   done
   add_b_c
   for commit in on off; do
@@ -109,16 +116,19 @@ for round in 1 2 3 4 5; do
   drop_b_c
 done
 for commit in on off; do
-  echo "rounds, synchronous_commit $commit: plain INSERT${runs[insert-$commit]}; outbox_enqueue${runs[enqueue-$commit]}; with three endpoints${runs[enqueue3-$commit]}"
+  echo "rounds, synchronous_commit $commit: plain INSERT${runs[insert-$commit]}; outbox_enqueue${runs[enqueue-$commit]}; event and delivery rows${runs[two_rows-$commit]}; with three endpoints${runs[enqueue3-$commit]}"
 done
 insert_on=$(median5 ${runs[insert-on]}) insert_off=$(median5 ${runs[insert-off]})
 enqueue_on=$(median5 ${runs[enqueue-on]}) enqueue_off=$(median5 ${runs[enqueue-off]})
 enqueue3_on=$(median5 ${runs[enqueue3-on]}) enqueue3_off=$(median5 ${runs[enqueue3-off]})
+two_rows_on=$(median5 ${runs[two_rows-on]}) two_rows_off=$(median5 ${runs[two_rows-off]})
+two_rows_ratios="$(percent "$two_rows_on" "$insert_on") / $(percent "$two_rows_off" "$insert_off")"
 enqueue_ratios="$(percent "$enqueue_on" "$insert_on") / $(percent "$enqueue_off" "$insert_off")"
 enqueue3_ratios="$(percent "$enqueue3_on" "$insert_on") / $(percent "$enqueue3_off" "$insert_off")"
 echo "plain INSERT: $insert_on / $insert_off rows/s (synchronous_commit on / off)"
 echo "outbox_enqueue, one endpoint: $enqueue_on / $enqueue_off events/s ($enqueue_ratios of plain INSERT)"
 echo "outbox_enqueue, three endpoints: $enqueue3_on / $enqueue3_off events/s ($enqueue3_ratios of plain INSERT)"
+echo "event and delivery rows in one plain statement: $two_rows_on / $two_rows_off events/s ($two_rows_ratios of plain INSERT)"
 empty_tables
 insert_events 300000 bench NULL
 q "VACUUM ANALYZE outbox, outbox_deliveries" >/dev/null
@@ -222,6 +232,7 @@ outbox_ext $ext_version with 2 workers, default settings
 | plain INSERT into outbox (pgbench, 8 clients; median of 5 × 5 s), synchronous_commit on / off | $insert_on / $insert_off rows/s | — |
 | \`outbox_enqueue\`, one endpoint, workers idle (same), on / off | $enqueue_on / $enqueue_off events/s ($enqueue_ratios of plain INSERT) | ≥ 85% |
 | \`outbox_enqueue\`, three endpoints, workers idle (same), on / off | $enqueue3_on / $enqueue3_off events/s ($enqueue3_ratios of plain INSERT) | — |
+| the event's row and one delivery row in one plain statement (same): the least a delivery row per endpoint costs | $two_rows_on / $two_rows_off events/s ($two_rows_ratios of plain INSERT) | — |
 | SQL-only claim + mark sent, one endpoint (pgbench, 2 clients, batch 100) | $sql_drain deliveries/s | — |
 | drain: $DRAIN_EVENTS events enqueued, then delivered to one endpoint | $drain_rate events/s ($drain_ratios) | ≥ 20,000; ≥ 90% of 0.1.0; ≥ 45% of SQL-only |
 | 0.1.0 drain, same run (library of commit $OLD_COMMIT) | $old_drain_result | — |
