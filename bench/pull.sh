@@ -44,7 +44,7 @@ sent() { q "SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NOT NULL"; }
 # sent. What PostgreSQL does with no round trip, no lease and no fencing.
 cat > "$DIR/bare.sql" <<'SQL'
 WITH c AS (SELECT ctid FROM outbox_deliveries
-            WHERE endpoint = 'jobs' AND sent_at IS NULL AND dead_at IS NULL AND available_at <= now()
+            WHERE endpoint = 'jobs' AND sent_at IS NULL AND dead_at IS NULL AND NOT waiting AND available_at <= now()
             ORDER BY available_at, event_id LIMIT 100 FOR UPDATE SKIP LOCKED)
 UPDATE outbox_deliveries SET sent_at = now() WHERE ctid = ANY (ARRAY(SELECT ctid FROM c));
 SQL
