@@ -107,44 +107,56 @@ pub fn claim_batch_sql(installation: &Installation) -> String {
     installation.qualify(CLAIM_BATCH)
 }
 
-/// Sets up the worker's session for its statements. The search_path is pinned to pg_catalog:
-/// every statement the worker runs then resolves operators and functions there, and names the
-/// extension's tables by schema, so nothing another role created (in public or in the
-/// extension's schema) runs as this worker. Plans are made once, and never by a table scan.
+/// The worker's session settings, each with why.
+const SESSION_SETTINGS: [(&str, &str); 7] = [
+    // Every statement the worker runs resolves operators and functions in pg_catalog, and
+    // names the extension's tables by schema, so nothing another role created (in public or in
+    // the extension's schema) runs as this worker.
+    ("search_path", "pg_catalog, pg_temp"),
+    // The prepared statements' plans do not depend on their arguments' values: plan them once,
+    // not again for each call as the plan cache may choose to.
+    ("plan_cache_mode", "force_generic_plan"),
+    // A plan made once must suit the tables at any size. Made while they were small (after
+    // CREATE EXTENSION or a TRUNCATE, before autovacuum's ANALYZE), it would read the whole of
+    // outbox_deliveries for each batch once the backlog grows, and each batch would then take
+    // longer than the last. Every statement on the queue's tables finds its rows by an index
+    // or by their addresses: rule table scans out.
+    ("enable_seqscan", "off"),
+    // A claim reads its endpoint's queue in claim order from outbox_deliveries_pending;
+    // through any other index it would read all of the endpoint's rows and sort them, for each
+    // batch. The planner chose that once (the primary key, whose second column is the
+    // endpoint, and a sort) with statistics from a table where every delivery was sent: each
+    // claim of a 100,000 backlog took 50-100 ms. Rule sorts out.
+    ("enable_sort", "off"),
+    // Needed with the two above: the scans and sorts left (of a sequence, of the few
+    // endpoints, of a batch's rows) keep the penalty that rules them out elsewhere, which is
+    // far above jit_above_cost, and would have every such statement compiled. The workers'
+    // statements are short.
+    ("jit", "off"),
+    // A claim, a failure or a retention pass lost in a crash costs at most a request sent
+    // again, which the lease allows anyway: their commits need not wait for the WAL to reach
+    // disk (the claim is on every event's way to its receiver). Recording an acknowledgement
+    // does wait, as the server is configured to (see `mark_sent`).
+    ("synchronous_commit", "off"),
+    // In a deadlock with someone's DDL (DROP EXTENSION, a TRUNCATE, an ALTER TABLE that locks
+    // the tables in another order than a worker statement), the worker, which checks first, is
+    // the one that gives way: its statement fails and is tried again; the user's command goes
+    // through.
+    ("deadlock_timeout", "100ms"),
+];
+
+/// Sets up the worker's session for its statements (`SESSION_SETTINGS`), in one statement
+/// that names everything by schema, since the search_path is not pinned yet.
 pub fn prepare_session() -> Result<(), TransactionError> {
+    let (names, values): (Vec<&str>, Vec<&str>) = SESSION_SETTINGS.iter().copied().unzip();
     transaction::run(|| {
         Spi::connect_mut(|client| {
-            client.update("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)", None, &[])?;
-            // The prepared statements' plans do not depend on their arguments' values: plan
-            // them once, not again for each call as the plan cache may choose to.
-            client.update("SELECT pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', false)", None, &[])?;
-            // A plan made once must suit the tables at any size. Made while they were small
-            // (after CREATE EXTENSION or a TRUNCATE, before autovacuum's ANALYZE), it would
-            // read the whole of outbox_deliveries for each batch once the backlog grows, and
-            // each batch would then take longer than the last. Every statement on the queue's
-            // tables finds its rows by an index or by their addresses: rule table scans out.
-            client.update("SELECT pg_catalog.set_config('enable_seqscan', 'off', false)", None, &[])?;
-            // A claim reads its endpoint's queue in claim order from outbox_deliveries_pending;
-            // through any other index it would read all of the endpoint's rows and sort them,
-            // for each batch. The planner chose that once (the primary key, whose second column
-            // is the endpoint, and a sort) with statistics from a table where every delivery
-            // was sent: each claim of a 100,000 backlog took 60 ms. Rule sorts out.
-            client.update("SELECT pg_catalog.set_config('enable_sort', 'off', false)", None, &[])?;
-            // Needed with the above: the scans and sorts left (of a sequence, of the few
-            // endpoints, of a batch's rows) keep the penalty that rules them out elsewhere,
-            // which is far above jit_above_cost, and would have every such statement compiled.
-            // The workers' statements are short.
-            client.update("SELECT pg_catalog.set_config('jit', 'off', false)", None, &[])?;
-            // A claim, a failure or a retention pass lost in a crash costs at most a request
-            // sent again, which the lease allows anyway: their commits need not wait for the
-            // WAL to reach disk (the claim is on every event's way to its receiver). Recording
-            // an acknowledgement does wait, as the server is configured to (see `mark_sent`).
-            client.update("SELECT pg_catalog.set_config('synchronous_commit', 'off', false)", None, &[])?;
-            // In a deadlock with someone's DDL (DROP EXTENSION, a TRUNCATE, an ALTER TABLE that
-            // locks the tables in another order than a worker statement), the worker, which
-            // checks first, is the one that gives way: its statement fails and is tried again;
-            // the user's command goes through.
-            client.update("SELECT pg_catalog.set_config('deadlock_timeout', '100ms', false)", None, &[])?;
+            client.update(
+                "SELECT pg_catalog.set_config(s.name, s.value, false)
+                   FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) AS s (name, value)",
+                None,
+                &[names.clone().into(), values.clone().into()],
+            )?;
             Ok(())
         })
     })
