@@ -106,7 +106,8 @@ impl Endpoints {
             let ended = finished.iter().filter(|attempt| attempt.endpoint == *name).count();
             let free = self.free_slots(name, sender);
             let needed = self.room_needed(name, settings);
-            ended > 0 && free >= needed && free - ended < needed
+            // Saturating: max_in_flight may have been lowered below what was in flight.
+            ended > 0 && free >= needed && free.saturating_sub(ended) < needed
         })
     }
 
