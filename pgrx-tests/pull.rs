@@ -308,3 +308,100 @@ fn retention_deletes_acked_jobs_and_keeps_dead_and_waiting_ones() {
     wait_until("the acked job is deleted", Duration::from_secs(30), || db.count_events(&format!("id = {acked}")) == 0);
     assert_eq!(db.count_events(&format!("id IN ({dead}, {waiting})")), 2, "dead and waiting jobs stay");
 }
+
+/// Writes `n` jobs for `endpoint` directly: a backlog to start from.
+fn add_jobs(db: &mut Db, endpoint: &str, n: i64) {
+    db.execute(&format!(
+        "WITH e AS (INSERT INTO outbox (topic, payload) SELECT 'job', '{{}}' FROM generate_series(1, {n}) RETURNING id)
+         INSERT INTO outbox_deliveries (event_id, endpoint) SELECT id, '{endpoint}' FROM e"
+    ));
+}
+
+/// Claims every due job of `endpoint`, 100 at a time, in a session of its own that then ends
+/// (reporting its statistics).
+fn claim_all(db: &mut Db, endpoint: &str) -> Vec<Claim> {
+    let mut claimer = db.connect("pgrx_tests", "postgres");
+    let mut claims = Vec::new();
+    loop {
+        let batch = claim(&mut claimer, endpoint, 100, "10 minutes");
+        if batch.is_empty() {
+            return claims;
+        }
+        claims.extend(batch);
+    }
+}
+
+/// Acks each claim in the consumer's session, one call each, as a client does.
+fn ack_each(consumer: &mut postgres::Client, endpoint: &str, claims: &[Claim]) {
+    for &(id, attempt) in claims {
+        let ok: bool = consumer.query_one("SELECT outbox_ack($1, $2, $3)", &[&endpoint, &id, &attempt]).unwrap().get(0);
+        assert!(ok, "the ack of job {id} attempt {attempt}");
+    }
+}
+
+/// Rows of outbox_deliveries read by table scans, entries read from its partial index of sent
+/// deliveries, and its updates, once the statistics count at least `updates` updates (every
+/// session reports its statistics at the latest when it ends).
+fn delivery_reads(db: &mut Db, updates: i64) -> [i64; 3] {
+    let mut now = [0; 3];
+    wait_until("the sessions' updates are counted", Duration::from_secs(10), || {
+        let row = db
+            .client
+            .query_one(
+                "SELECT t.seq_tup_read, i.idx_tup_read, t.n_tup_upd
+                   FROM pg_stat_user_tables AS t, pg_stat_user_indexes AS i
+                  WHERE t.relid = 'outbox_deliveries'::regclass AND i.indexrelid = 'outbox_deliveries_sent'::regclass",
+                &[],
+            )
+            .unwrap();
+        now = [row.get(0), row.get(1), row.get(2)];
+        now[2] >= updates
+    });
+    now
+}
+
+#[test]
+fn acks_planned_while_the_deliveries_were_few_never_read_them_whole_once_they_are_many() {
+    // The consumer's session below plans its acks (once, for the session) on a table of a
+    // few rows, with statistics that say so, as after CREATE EXTENSION or a TRUNCATE once
+    // autovacuum has been by.
+    let mut db = db();
+    pull_endpoint(&mut db, "jobs", "{job}", "");
+    let start = delivery_reads(&mut db, 0)[2];
+    let mut consumer = db.connect("pgrx_tests", "postgres");
+    add_jobs(&mut db, "jobs", 6);
+    db.execute("ANALYZE outbox_deliveries");
+    let claims = claim_all(&mut db, "jobs");
+    ack_each(&mut consumer, "jobs", &claims);
+
+    add_jobs(&mut db, "jobs", 3000);
+    let claims = claim_all(&mut db, "jobs");
+    assert_eq!(claims.len(), 3000);
+    let before = delivery_reads(&mut db, start + 6 + 3000);
+    ack_each(&mut consumer, "jobs", &claims);
+    drop(consumer);
+    let after = delivery_reads(&mut db, start + 2 * (6 + 3000));
+    // A table scan for each ack would read the deliveries 3,000 times over: millions of rows.
+    assert_eq!(after[0], before[0], "no ack read outbox_deliveries whole");
+}
+
+#[test]
+fn a_repeated_ack_looks_its_delivery_up_instead_of_reading_every_sent_one() {
+    let mut db = db();
+    pull_endpoint(&mut db, "jobs", "{job}", "");
+    // Statistics taken while nothing was sent make the partial index of sent deliveries look
+    // empty: the cheapest place to find sent rows, to a planner that believes them.
+    add_jobs(&mut db, "jobs", 3000);
+    db.execute("ANALYZE outbox_deliveries");
+    let before = delivery_reads(&mut db, 0);
+    let claims = claim_all(&mut db, "jobs");
+    let mut consumer = db.connect("pgrx_tests", "postgres");
+    ack_each(&mut consumer, "jobs", &claims);
+    // A consumer that acks again (its first answer was lost with its connection) is told the
+    // delivery is sent, each time.
+    ack_each(&mut consumer, "jobs", &claims);
+    drop(consumer);
+    let after = delivery_reads(&mut db, before[2] + 2 * 3000);
+    // Reading the sent index for each would read up to 3,000 entries each time: millions.
+    assert!(after[1] - before[1] < 10_000, "{} entries of outbox_deliveries_sent read", after[1] - before[1]);
+}

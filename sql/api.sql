@@ -80,19 +80,20 @@ $$;
 
 -- For consumers: call in the transaction that applies the event. True the first time this
 -- consumer sees the id; false for a duplicate, whose effect the caller then skips.
+-- PL/pgSQL, not SQL: a consumer calls it for every job, and PL/pgSQL keeps the INSERT's plan
+-- for the session where a SQL function is planned again on each call.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_mark_processed(event_id bigint, consumer text DEFAULT 'default')
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH recorded AS (
-        INSERT INTO @extschema@.processed_events (consumer, event_id)
-        VALUES ($2, $1)
-        ON CONFLICT DO NOTHING
-        RETURNING 1
-    )
-    SELECT count(*) = 1 FROM recorded
+BEGIN
+    INSERT INTO @extschema@.processed_events (consumer, event_id)
+    VALUES (outbox_mark_processed.consumer, outbox_mark_processed.event_id)
+    ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
 $$;
 
 -- Puts the dead (or pending) deliveries of an event back in the queue with a fresh attempt
