@@ -27,6 +27,7 @@ SELECT outbox_endpoint_drop('default');
 SELECT outbox_endpoint_set('jobs', NULL, '{job.*}', kind => 'pull');
 CREATE TABLE commits (n integer);
 CREATE TABLE client_effects (event_id bigint, worker text, applied_at timestamptz DEFAULT now());
+CREATE SEQUENCE bench_job_ids;
 SQL
 export DATABASE_URL="postgresql://postgres@127.0.0.1:$PORT/postgres"
 
@@ -87,6 +88,22 @@ echo "== one-row commits (pgbench, 8 clients, ${DURATION}s)"
 commit_rate=$(pgbench_tps -c8 -j2 -T"$DURATION" -f "$DIR/commit.sql")
 echo "plain one-row commit: $commit_rate/s"
 
+# What the clients' jobs cost the database alone: each pgbench transaction is a client's job
+# (the same four statements, the handler doing nothing) over jobs claimed beforehand, in id
+# order from a sequence, with no client code and no claim in between.
+cat > "$DIR/job.sql" <<'SQL'
+BEGIN;
+SELECT outbox_mark_processed(nextval('bench_job_ids'), 'jobs');
+SELECT outbox_ack('jobs', currval('bench_job_ids'), 1);
+COMMIT;
+SQL
+echo "== a client's job transaction alone (pgbench, 8 clients, ${DURATION}s)"
+fill 200000
+q "DO \$\$ BEGIN FOR batch IN 1..200 LOOP PERFORM outbox_claim('jobs', 1000, '1 hour'); END LOOP; END \$\$;
+   SELECT setval('bench_job_ids', min(event_id), false) FROM outbox_deliveries" >/dev/null
+job_rate=$(pgbench_tps -c8 -j2 -T"$DURATION" -M prepared -f "$DIR/job.sql")
+echo "job transaction alone: $job_rate/s ($(percent "$job_rate" "$commit_rate") of one-row commits)"
+
 # A client's worker with 8 handlers whose handler does nothing: each job is its own
 # transaction (outbox_mark_processed + outbox_ack), as a real consumer's would be.
 drain_client() { # drain_client NAME COMMAND...
@@ -126,6 +143,7 @@ synchronous_commit on. One pull endpoint, \`jobs\`; jobs written directly as pen
 | \`outbox_claim\` 100, then \`outbox_ack_batch\` of the 100 (pgbench, 4 clients) | $claim_ack jobs/s ($(percent "$claim_ack" "$bare") of bare) | ≥ 20,000; ≥ 50% of bare |
 | \`outbox_enqueue\` of a job, endpoint with \`notify\` off / on (pgbench, 8 clients, median of 5 × 5 s) | $quiet / $loud events/s (on = $(percent "$loud" "$quiet") of off) | opt-in if it costs > 10% |
 | plain one-row INSERT commits (pgbench, 8 clients) | $commit_rate/s | — |
+| a client's job transaction alone: \`outbox_mark_processed\` + \`outbox_ack\` over claimed jobs (pgbench, 8 clients) | $job_rate/s ($(percent "$job_rate" "$commit_rate") of one-row commits) | — |
 | Python client (clients/python), 8 handlers, handler does nothing | $python_rate jobs/s ($(percent "$python_rate" "$commit_rate") of one-row commits) | ≥ 50% |
 | Node client (clients/node), same | $node_rate jobs/s ($(percent "$node_rate" "$commit_rate") of one-row commits) | reported |
 | Java client (clients/java), same | $java_rate jobs/s ($(percent "$java_rate" "$commit_rate") of one-row commits) | reported |
