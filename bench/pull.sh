@@ -102,6 +102,7 @@ fill 200000
 q "DO \$\$ BEGIN FOR batch IN 1..200 LOOP PERFORM outbox_claim('jobs', 1000, '1 hour'); END LOOP; END \$\$;
    SELECT setval('bench_job_ids', min(event_id), false) FROM outbox_deliveries" >/dev/null
 job_rate=$(pgbench_tps -c8 -j2 -T"$DURATION" -M prepared -f "$DIR/job.sql")
+[ "$(sent)" -lt 200000 ] || { echo "bench: the job step ran out of claimed jobs; claim more" >&2; exit 1; }
 echo "job transaction alone: $job_rate/s ($(percent "$job_rate" "$commit_rate") of one-row commits)"
 
 # A client's worker with 8 handlers whose handler does nothing: each job is its own

@@ -317,8 +317,7 @@ fn add_jobs(db: &mut Db, endpoint: &str, n: i64) {
     ));
 }
 
-/// Claims every due job of `endpoint`, 100 at a time, in a session of its own that then ends
-/// (reporting its statistics).
+/// Claims every due job of `endpoint`, 100 at a time, in a session of its own.
 fn claim_all(db: &mut Db, endpoint: &str) -> Vec<Claim> {
     let mut claimer = db.connect("pgrx_tests", "postgres");
     let mut claims = Vec::new();
@@ -331,33 +330,37 @@ fn claim_all(db: &mut Db, endpoint: &str) -> Vec<Claim> {
     }
 }
 
-/// Acks each claim in the consumer's session, one call each, as a client does.
-fn ack_each(consumer: &mut postgres::Client, endpoint: &str, claims: &[Claim]) {
-    for &(id, attempt) in claims {
-        let ok: bool = consumer.query_one("SELECT outbox_ack($1, $2, $3)", &[&endpoint, &id, &attempt]).unwrap().get(0);
-        assert!(ok, "the ack of job {id} attempt {attempt}");
+/// Acks each claim, `rounds` times over, in one transaction of the consumer's session, one
+/// call each as a client does. Returns what those calls read of outbox_deliveries: rows by
+/// table scans, and entries of its partial index of sent deliveries. These are the session's
+/// own counts, taken before and after within the transaction (a session reports none in the
+/// middle of one), so other sessions cannot blur them.
+fn ack_each(consumer: &mut postgres::Client, endpoint: &str, claims: &[Claim], rounds: usize) -> [i64; 2] {
+    let mut tx = consumer.transaction().unwrap();
+    let before = deliveries_read(&mut tx);
+    for _ in 0..rounds {
+        for &(id, attempt) in claims {
+            let ok: bool = tx.query_one("SELECT outbox_ack($1, $2, $3)", &[&endpoint, &id, &attempt]).unwrap().get(0);
+            assert!(ok, "the ack of job {id} attempt {attempt}");
+        }
     }
+    let after = deliveries_read(&mut tx);
+    tx.commit().unwrap();
+    [after[0] - before[0], after[1] - before[1]]
 }
 
-/// Rows of outbox_deliveries read by table scans, entries read from its partial index of sent
-/// deliveries, and its updates, once the statistics count at least `updates` updates (every
-/// session reports its statistics at the latest when it ends).
-fn delivery_reads(db: &mut Db, updates: i64) -> [i64; 3] {
-    let mut now = [0; 3];
-    wait_until("the sessions' updates are counted", Duration::from_secs(10), || {
-        let row = db
-            .client
-            .query_one(
-                "SELECT t.seq_tup_read, i.idx_tup_read, t.n_tup_upd
-                   FROM pg_stat_user_tables AS t, pg_stat_user_indexes AS i
-                  WHERE t.relid = 'outbox_deliveries'::regclass AND i.indexrelid = 'outbox_deliveries_sent'::regclass",
-                &[],
-            )
-            .unwrap();
-        now = [row.get(0), row.get(1), row.get(2)];
-        now[2] >= updates
-    });
-    now
+/// What this session has read of outbox_deliveries and not yet reported: rows by table scans,
+/// entries of the partial index of sent deliveries.
+fn deliveries_read(tx: &mut postgres::Transaction) -> [i64; 2] {
+    let row = tx
+        .query_one(
+            "SELECT t.seq_tup_read, pg_stat_get_xact_tuples_returned('outbox_deliveries_sent'::regclass)
+               FROM pg_stat_xact_user_tables AS t
+              WHERE t.relid = 'outbox_deliveries'::regclass",
+            &[],
+        )
+        .unwrap();
+    [row.get(0), row.get(1)]
 }
 
 #[test]
@@ -367,22 +370,18 @@ fn acks_planned_while_the_deliveries_were_few_never_read_them_whole_once_they_ar
     // autovacuum has been by.
     let mut db = db();
     pull_endpoint(&mut db, "jobs", "{job}", "");
-    let start = delivery_reads(&mut db, 0)[2];
     let mut consumer = db.connect("pgrx_tests", "postgres");
     add_jobs(&mut db, "jobs", 6);
     db.execute("ANALYZE outbox_deliveries");
     let claims = claim_all(&mut db, "jobs");
-    ack_each(&mut consumer, "jobs", &claims);
+    ack_each(&mut consumer, "jobs", &claims, 1);
 
     add_jobs(&mut db, "jobs", 3000);
     let claims = claim_all(&mut db, "jobs");
     assert_eq!(claims.len(), 3000);
-    let before = delivery_reads(&mut db, start + 6 + 3000);
-    ack_each(&mut consumer, "jobs", &claims);
-    drop(consumer);
-    let after = delivery_reads(&mut db, start + 2 * (6 + 3000));
+    let [table_rows, _] = ack_each(&mut consumer, "jobs", &claims, 1);
     // A table scan for each ack would read the deliveries 3,000 times over: millions of rows.
-    assert_eq!(after[0], before[0], "no ack read outbox_deliveries whole");
+    assert_eq!(table_rows, 0, "rows of outbox_deliveries read by table scans");
 }
 
 #[test]
@@ -393,15 +392,12 @@ fn a_repeated_ack_looks_its_delivery_up_instead_of_reading_every_sent_one() {
     // empty: the cheapest place to find sent rows, to a planner that believes them.
     add_jobs(&mut db, "jobs", 3000);
     db.execute("ANALYZE outbox_deliveries");
-    let before = delivery_reads(&mut db, 0);
     let claims = claim_all(&mut db, "jobs");
+    assert_eq!(claims.len(), 3000);
+    // Each job acked twice, as by a consumer whose first answer was lost with its connection:
+    // the second ack is told the delivery is sent.
     let mut consumer = db.connect("pgrx_tests", "postgres");
-    ack_each(&mut consumer, "jobs", &claims);
-    // A consumer that acks again (its first answer was lost with its connection) is told the
-    // delivery is sent, each time.
-    ack_each(&mut consumer, "jobs", &claims);
-    drop(consumer);
-    let after = delivery_reads(&mut db, before[2] + 2 * 3000);
-    // Reading the sent index for each would read up to 3,000 entries each time: millions.
-    assert!(after[1] - before[1] < 10_000, "{} entries of outbox_deliveries_sent read", after[1] - before[1]);
+    let [_, sent_entries] = ack_each(&mut consumer, "jobs", &claims, 2);
+    // Reading the sent index for each repeated ack would read up to 3,000 entries each time.
+    assert!(sent_entries < 10_000, "{sent_entries} entries of outbox_deliveries_sent read");
 }

@@ -41,10 +41,9 @@ if ! python3 -c 'import standardwebhooks' 2>/dev/null; then
 fi
 
 # The pull-consumer clients (clients/): psycopg 3 for Python with its C implementation (the
-# binary package: with the pure-Python one, bench/pull.sh's Python worker handles about 30% fewer
-# jobs a second), the pg
-# package for Node (the versions clients/node/package-lock.json pins), PostgreSQL's JDBC driver
-# for Java (a Debian package, above).
+# binary package: with the pure-Python one, bench/pull.sh's Python worker handles about 30%
+# fewer jobs a second), the pg package for Node (the versions clients/node/package-lock.json
+# pins), PostgreSQL's JDBC driver for Java (a Debian package, above).
 if ! python3 -c 'import psycopg; assert psycopg.pq.__impl__ != "python"' 2>/dev/null; then
   echo "setup: installing the Python package psycopg with its C implementation"
   python3 -m pip install --quiet 'psycopg[binary]>=3.2,<4'

@@ -156,10 +156,6 @@ class Worker extends EventEmitter {
     client.on('notification', () => { this.#notified = true; this.#wake(); });
     try {
       await client.connect();
-      // A claim need not wait for its commit to reach the disk: the job's transaction (ack or
-      // nack) takes it there when it commits, and one lost in a crash only leaves its delivery
-      // to be claimed again.
-      await client.query('SET synchronous_commit = off');
       // The channel has a dot in it, hence the quoted identifier.
       await client.query(`LISTEN ${client.escapeIdentifier(`outbox.${this.#options.endpoint}`)}`);
     } catch (err) {

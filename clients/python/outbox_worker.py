@@ -312,10 +312,6 @@ class Worker:
                 # (its lease starts then) and notifications arrive between statements.
                 conn = psycopg.connect(self.conninfo, autocommit=listen)
                 if listen:
-                    # A claim need not wait for its commit to reach the disk: the job's
-                    # transaction (ack or nack) takes it there when it commits, and one lost
-                    # in a crash only leaves its delivery to be claimed again.
-                    conn.execute("SET synchronous_commit = off")
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier("outbox." + self.endpoint)))
                 return conn
             except psycopg.Error as e:

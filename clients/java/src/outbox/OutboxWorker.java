@@ -191,12 +191,8 @@ public final class OutboxWorker {
                     if (claimer == null) {
                         claimer = open("claimer", true);
                         if (claimer == null) break; // stopping
-                        // A claim need not wait for its commit to reach the disk: the job's
-                        // transaction (ack or nack) takes it there when it commits, and one
-                        // lost in a crash only leaves its delivery to be claimed again.
                         // LISTEN before the first claim: a job enqueued after it wakes us.
                         try (Statement s = claimer.createStatement()) {
-                            s.execute("SET synchronous_commit = off");
                             s.execute("LISTEN " + quoteIdent("outbox." + endpoint));
                         }
                         claim = claimer.prepareStatement(
