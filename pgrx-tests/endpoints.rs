@@ -324,6 +324,48 @@ fn requeue_and_replay_send_again_what_an_endpoint_missed() {
     );
 }
 
+#[test]
+fn an_enqueue_whose_snapshot_predates_an_endpoint_drop_or_change_fails_so_it_is_retried() {
+    let mut db = db();
+    db.execute("SELECT outbox_endpoint_drop('default')");
+    db.execute("SELECT outbox_endpoint_set('kept', NULL, '{*}', kind => 'pull')");
+    let mut producer = db.connect("pgrx_tests", "postgres");
+    let enqueue = "SELECT outbox_enqueue('order.placed', '{}')";
+    for isolation in [postgres::IsolationLevel::RepeatableRead, postgres::IsolationLevel::Serializable] {
+        db.execute("SELECT outbox_endpoint_set('gone', NULL, '{*}', kind => 'pull')");
+        let mut tx = producer.build_transaction().isolation_level(isolation).start().unwrap();
+        tx.execute("SELECT 1", &[]).unwrap(); // takes the snapshot, in which 'gone' exists
+        db.execute("SELECT outbox_endpoint_drop('gone')");
+        let error = tx.query_one(enqueue, &[]).expect_err("routing to a dropped endpoint");
+        assert_eq!(error.code().map(|c| c.code()), Some("40001"), "{isolation:?}: {error}");
+        tx.rollback().unwrap();
+
+        // Tried again, as such a transaction is: the event goes where it can be sent.
+        let mut tx = producer.build_transaction().isolation_level(isolation).start().unwrap();
+        let id: i64 = tx.query_one(enqueue, &[]).unwrap().get(0);
+        tx.commit().unwrap();
+        assert_eq!(routed(&mut db, id), vec!["kept"], "{isolation:?}");
+
+        // The workers' writes of an endpoint's health do not stand in the way...
+        let mut tx = producer.build_transaction().isolation_level(isolation).start().unwrap();
+        tx.execute("SELECT 1", &[]).unwrap();
+        db.execute("UPDATE outbox_endpoints SET last_success_at = now(), failing_since = NULL WHERE name = 'kept'");
+        let id: i64 = tx.query_one(enqueue, &[]).unwrap().get(0);
+        tx.commit().unwrap();
+        assert_eq!(routed(&mut db, id), vec!["kept"], "{isolation:?}");
+        // ...but a change made with the endpoint functions does, as a drop does: the event
+        // would be routed by the endpoint as it was.
+        let mut tx = producer.build_transaction().isolation_level(isolation).start().unwrap();
+        tx.execute("SELECT 1", &[]).unwrap();
+        db.execute("SELECT outbox_endpoint_set('kept', NULL, '{order.*}', kind => 'pull')");
+        let error = tx.query_one(enqueue, &[]).expect_err("routing by a changed endpoint");
+        assert_eq!(error.code().map(|c| c.code()), Some("40001"), "{isolation:?}: {error}");
+        tx.rollback().unwrap();
+    }
+    let orphans = "SELECT count(*) FROM outbox_deliveries WHERE endpoint NOT IN (SELECT name FROM outbox_endpoints)";
+    assert_eq!(db.value::<i64>(orphans), 0, "no delivery to an endpoint that is gone");
+}
+
 /// The plan of `sql`, as text.
 fn plan(db: &mut Db, sql: &str) -> String {
     db.column::<String>(&format!("EXPLAIN {sql}")).join("\n")

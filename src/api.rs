@@ -20,7 +20,7 @@ const MAX_TOPIC_BYTES: usize = 255;
 /// It runs as the extension's owner: a role needs only EXECUTE on it, and can write nothing
 /// but a checked event through it. Declared in `sql/api.sql`; its statements are
 /// `sql/enqueue.sql` and `sql/route.sql`, and when needed `sql/note_unrouted.sql`,
-/// `sql/note_key_arrivals.sql` and `sql/notify_endpoints.sql`.
+/// `sql/note_key_arrivals.sql`, `sql/notify_endpoints.sql` and `sql/hold_routed_endpoints.sql`.
 #[pg_extern(sql = false)]
 fn enqueue(topic: Option<&str>, payload: Option<JsonbArg>, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
     let topic = match topic {
@@ -153,6 +153,7 @@ struct EnqueueStatements {
     note_unrouted: OwnedPreparedStatement,
     note_key_arrivals: OwnedPreparedStatement,
     notify_endpoints: OwnedPreparedStatement,
+    hold_routed_endpoints: OwnedPreparedStatement,
 }
 
 impl EnqueueStatements {
@@ -180,6 +181,7 @@ impl EnqueueStatements {
             note_unrouted: prepare(include_str!("../sql/note_unrouted.sql"), &[bigint]),
             note_key_arrivals: prepare(include_str!("../sql/note_key_arrivals.sql"), &[text_array, text]),
             notify_endpoints: prepare(include_str!("../sql/notify_endpoints.sql"), &[text_array]),
+            hold_routed_endpoints: prepare(include_str!("../sql/hold_routed_endpoints.sql"), &[text_array]),
             // SAFETY: a system cache look-up by name, inside the caller's transaction.
             outbox: unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), installation.namespace) },
             namespace: installation.namespace,
@@ -200,7 +202,8 @@ thread_local! {
 /// Writes the event and its deliveries; returns the event's id. Each step after the first runs
 /// only when it has something to do: an event that matched no endpoint is noted as unrouted,
 /// waiting deliveries of ordered endpoints are made known to the sequencer, endpoints with
-/// `notify` are notified.
+/// `notify` are notified, and a transaction that reads from one snapshot holds the endpoints it
+/// routed to against a drop its snapshot does not show.
 fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
     let fail = |what: &str, e: pgrx::spi::SpiError| -> ! { error!("outbox_enqueue: {what}: {e}") };
     ENQUEUE.with(|cell| {
@@ -219,7 +222,8 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
                 .update(&statements.route, None, &[id.into(), topic.into(), key.into(), deliver_at.into()])
                 .unwrap_or_else(|e| fail("routing failed", e));
             let deliveries = routed.len();
-            let (mut waiting, mut notify) = (Vec::new(), Vec::new());
+            let one_snapshot = uses_one_snapshot();
+            let (mut waiting, mut notify, mut routed_to) = (Vec::new(), Vec::new(), Vec::new());
             for row in routed {
                 let endpoint =
                     || row.get::<String>(1).ok().flatten().unwrap_or_else(|| error!("outbox_enqueue: a delivery without an endpoint"));
@@ -228,6 +232,9 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
                 }
                 if row.get::<bool>(3).ok().flatten() == Some(true) {
                     notify.push(endpoint());
+                }
+                if one_snapshot {
+                    routed_to.push(endpoint());
                 }
             }
             if deliveries == 0 {
@@ -243,9 +250,22 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
             if !notify.is_empty() {
                 client.update(&statements.notify_endpoints, None, &[notify.into()]).unwrap_or_else(|e| fail("cannot notify", e));
             }
+            if !routed_to.is_empty() {
+                client
+                    .update(&statements.hold_routed_endpoints, None, &[routed_to.into()])
+                    .unwrap_or_else(|e| fail("cannot hold the endpoints it routed to", e));
+            }
             id
         })
     })
+}
+
+/// Whether the caller's transaction reads from one snapshot (REPEATABLE READ or SERIALIZABLE):
+/// then outbox_endpoint_drop's lock does not keep it from routing to an endpoint dropped
+/// after its snapshot was taken.
+fn uses_one_snapshot() -> bool {
+    // SAFETY: a backend global, set for the current transaction.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
 }
 
 /// A jsonb argument passed through as the caller gave it: enqueue stores the datum without
