@@ -112,13 +112,22 @@ BEGIN
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Turning ordered off, as outbox_endpoint_drop does: wait for the enqueues in progress
+    -- (they may be writing deliveries that wait for their key) and hold new ones until this
+    -- commits. The table before the endpoint's row, as every writer of both takes them: an
+    -- enqueue in a REPEATABLE READ transaction locks the rows of the endpoints it routed to.
+    SELECT e.ordered INTO was_ordered FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_set.name;
+    IF was_ordered AND NOT ordered THEN
+        LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+    END IF;
+    -- FOR UPDATE, not FOR NO KEY UPDATE: an enqueue whose snapshot predates this change must
+    -- fail to lock the row (sql/hold_routed_endpoints.sql) rather than route by the old state.
     SELECT e.ordered INTO was_ordered
       FROM @extschema@.outbox_endpoints AS e
      WHERE e.name = outbox_endpoint_set.name
        FOR UPDATE;
     IF was_ordered AND NOT ordered THEN
-        -- As outbox_endpoint_drop: waits for the enqueues in progress (they may be writing
-        -- deliveries that wait for their key) and holds new ones until this commits.
+        -- Made ordered by someone else meanwhile: rare, and the order above is then not kept.
         LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
     END IF;
     INSERT INTO @extschema@.outbox_endpoints AS e
@@ -141,7 +150,8 @@ END
 $$;
 
 -- The endpoint's row, locked for a change, and the workers told to read the endpoints again
--- before their next claim; a class-22 error when there is none.
+-- before their next claim; a class-22 error when there is none. FOR UPDATE: an enqueue whose
+-- REPEATABLE READ snapshot predates the change then fails (sql/hold_routed_endpoints.sql).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_lock(name text, caller text)
 RETURNS @extschema@.outbox_endpoints
 LANGUAGE plpgsql
@@ -256,10 +266,11 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_drop');
     -- Waits for the enqueues in progress (which may be routing to this endpoint) and holds
     -- new ones until this commits: no delivery is left behind for an endpoint that is gone.
+    -- Before the endpoint's row, as outbox_endpoint_set takes them.
     LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_drop');
     WITH dropped AS (
         DELETE FROM @extschema@.outbox_deliveries AS d
          WHERE d.endpoint = outbox_endpoint_drop.name

@@ -202,8 +202,8 @@ thread_local! {
 /// Writes the event and its deliveries; returns the event's id. Each step after the first runs
 /// only when it has something to do: an event that matched no endpoint is noted as unrouted,
 /// waiting deliveries of ordered endpoints are made known to the sequencer, endpoints with
-/// `notify` are notified, and a transaction that reads from one snapshot holds the endpoints it
-/// routed to against a drop its snapshot does not show.
+/// `notify` are notified, and a transaction that reads from one snapshot locks the endpoints it
+/// routed to, failing if they were dropped or changed since that snapshot.
 fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
     let fail = |what: &str, e: pgrx::spi::SpiError| -> ! { error!("outbox_enqueue: {what}: {e}") };
     ENQUEUE.with(|cell| {
@@ -261,8 +261,8 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
 }
 
 /// Whether the caller's transaction reads from one snapshot (REPEATABLE READ or SERIALIZABLE):
-/// then outbox_endpoint_drop's lock does not keep it from routing to an endpoint dropped
-/// after its snapshot was taken.
+/// then the locks of outbox_endpoint_drop and outbox_endpoint_set do not keep it from routing
+/// by an endpoint as it was before they committed.
 fn uses_one_snapshot() -> bool {
     // SAFETY: a backend global, set for the current transaction.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
