@@ -324,51 +324,56 @@ fn requeue_and_replay_send_again_what_an_endpoint_missed() {
     );
 }
 
+/// Enqueues (with `key`, if any) in a transaction of `isolation` whose snapshot was taken before `db`
+/// ran `change`: the event's id, committed, or the SQLSTATE it failed with, rolled back.
+fn enqueue_after(
+    db: &mut Db,
+    producer: &mut postgres::Client,
+    isolation: postgres::IsolationLevel,
+    change: &str,
+    key: Option<&str>,
+) -> Result<i64, String> {
+    let mut tx = producer.build_transaction().isolation_level(isolation).start().unwrap();
+    tx.execute("SELECT 1", &[]).unwrap(); // takes the snapshot
+    db.execute(change);
+    match tx.query_one("SELECT outbox_enqueue('order.placed', '{}', key => $1)", &[&key]) {
+        Ok(row) => {
+            tx.commit().unwrap();
+            Ok(row.get(0))
+        }
+        Err(error) => Err(error.code().map_or_else(|| error.to_string(), |code| code.code().to_string())),
+    }
+}
+
 #[test]
 fn an_enqueue_whose_snapshot_predates_an_endpoint_drop_or_change_fails_so_it_is_retried() {
     let mut db = db();
     db.execute("SELECT outbox_endpoint_drop('default')");
     db.execute("SELECT outbox_endpoint_set('kept', NULL, '{*}', kind => 'pull')");
     let mut producer = db.connect("pgrx_tests", "postgres");
-    let enqueue = "SELECT outbox_enqueue('order.placed', '{}')";
+    let serialization_failure = Err("40001".to_string());
     for isolation in [postgres::IsolationLevel::RepeatableRead, postgres::IsolationLevel::Serializable] {
         db.execute("SELECT outbox_endpoint_set('gone', NULL, '{*}', kind => 'pull')");
-        let mut tx = producer.build_transaction().isolation_level(isolation).start().unwrap();
-        tx.execute("SELECT 1", &[]).unwrap(); // takes the snapshot, in which 'gone' exists
-        db.execute("SELECT outbox_endpoint_drop('gone')");
-        let error = tx.query_one(enqueue, &[]).expect_err("routing to a dropped endpoint");
-        assert_eq!(error.code().map(|c| c.code()), Some("40001"), "{isolation:?}: {error}");
-        tx.rollback().unwrap();
-
+        let dropped = enqueue_after(&mut db, &mut producer, isolation, "SELECT outbox_endpoint_drop('gone')", None);
+        assert_eq!(dropped, serialization_failure, "{isolation:?}: routing to a dropped endpoint");
         // Tried again, as such a transaction is: the event goes where it can be sent.
-        let mut tx = producer.build_transaction().isolation_level(isolation).start().unwrap();
-        let id: i64 = tx.query_one(enqueue, &[]).unwrap().get(0);
-        tx.commit().unwrap();
+        let id = enqueue_after(&mut db, &mut producer, isolation, "SELECT 1", None).unwrap();
         assert_eq!(routed(&mut db, id), vec!["kept"], "{isolation:?}");
 
         // The workers' writes of an endpoint's health do not stand in the way...
-        let mut tx = producer.build_transaction().isolation_level(isolation).start().unwrap();
-        tx.execute("SELECT 1", &[]).unwrap();
-        db.execute("UPDATE outbox_endpoints SET last_success_at = now(), failing_since = NULL WHERE name = 'kept'");
-        let id: i64 = tx.query_one(enqueue, &[]).unwrap().get(0);
-        tx.commit().unwrap();
+        let health = "UPDATE outbox_endpoints SET last_success_at = now(), failing_since = NULL WHERE name = 'kept'";
+        let id = enqueue_after(&mut db, &mut producer, isolation, health, None).unwrap();
         assert_eq!(routed(&mut db, id), vec!["kept"], "{isolation:?}");
         // ...but a change made with the endpoint functions does, as a drop does: the event
         // would be routed by the endpoint as it was.
-        let mut tx = producer.build_transaction().isolation_level(isolation).start().unwrap();
-        tx.execute("SELECT 1", &[]).unwrap();
-        db.execute("SELECT outbox_endpoint_set('kept', NULL, '{order.*}', kind => 'pull')");
-        let error = tx.query_one(enqueue, &[]).expect_err("routing by a changed endpoint");
-        assert_eq!(error.code().map(|c| c.code()), Some("40001"), "{isolation:?}: {error}");
-        tx.rollback().unwrap();
+        let topics = "SELECT outbox_endpoint_set('kept', NULL, '{order.*}', kind => 'pull')";
+        assert_eq!(enqueue_after(&mut db, &mut producer, isolation, topics, None), serialization_failure, "{isolation:?}");
     }
     // Turning ordered off, likewise: the event would wait for its key with no sequencer.
     db.execute("SELECT outbox_endpoint_set('kept', NULL, '{*}', kind => 'pull', ordered => true)");
-    let mut tx = producer.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start().unwrap();
-    tx.execute("SELECT 1", &[]).unwrap();
-    db.execute("SELECT outbox_endpoint_set('kept', NULL, '{*}', kind => 'pull', ordered => false)");
-    let error = tx.query_one("SELECT outbox_enqueue('order.placed', '{}', key => 'order-1')", &[]).expect_err("routing as ordered");
-    assert_eq!(error.code().map(|c| c.code()), Some("40001"), "{error}");
+    let unordered = "SELECT outbox_endpoint_set('kept', NULL, '{*}', kind => 'pull', ordered => false)";
+    let isolation = postgres::IsolationLevel::RepeatableRead;
+    assert_eq!(enqueue_after(&mut db, &mut producer, isolation, unordered, Some("order-1")), serialization_failure);
 }
 
 /// The plan of `sql`, as text.
