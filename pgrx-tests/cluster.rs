@@ -194,9 +194,14 @@ impl Db {
     /// Writes `n` events of `topic` directly, each with a delivery to `default` whose
     /// `columns` get `values` (SQL expressions): history and backlogs for tests to start from.
     pub fn insert_deliveries(&mut self, topic: &str, n: i64, columns: &str, values: &str) {
+        self.insert_deliveries_to("default", topic, n, columns, values);
+    }
+
+    /// The same, with the deliveries to `endpoint`.
+    pub fn insert_deliveries_to(&mut self, endpoint: &str, topic: &str, n: i64, columns: &str, values: &str) {
         self.execute(&format!(
             "WITH e AS (INSERT INTO outbox (topic, payload) SELECT '{topic}', '{{}}' FROM generate_series(1, {n}) RETURNING id)
-             INSERT INTO outbox_deliveries (event_id, endpoint, {columns}) SELECT id, 'default', {values} FROM e"
+             INSERT INTO outbox_deliveries (event_id, endpoint, {columns}) SELECT id, '{endpoint}', {values} FROM e"
         ));
     }
 }

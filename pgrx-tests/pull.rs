@@ -309,14 +309,6 @@ fn retention_deletes_acked_jobs_and_keeps_dead_and_waiting_ones() {
     assert_eq!(db.count_events(&format!("id IN ({dead}, {waiting})")), 2, "dead and waiting jobs stay");
 }
 
-/// Writes `n` jobs for `endpoint` directly: a backlog to start from.
-fn add_jobs(db: &mut Db, endpoint: &str, n: i64) {
-    db.execute(&format!(
-        "WITH e AS (INSERT INTO outbox (topic, payload) SELECT 'job', '{{}}' FROM generate_series(1, {n}) RETURNING id)
-         INSERT INTO outbox_deliveries (event_id, endpoint) SELECT id, '{endpoint}' FROM e"
-    ));
-}
-
 /// Claims every due job of `endpoint`, 100 at a time, in a session of its own.
 fn claim_all(db: &mut Db, endpoint: &str) -> Vec<Claim> {
     let mut claimer = db.connect("pgrx_tests", "postgres");
@@ -371,12 +363,12 @@ fn acks_planned_while_the_deliveries_were_few_never_read_them_whole_once_they_ar
     let mut db = db();
     pull_endpoint(&mut db, "jobs", "{job}", "");
     let mut consumer = db.connect("pgrx_tests", "postgres");
-    add_jobs(&mut db, "jobs", 6);
+    db.insert_deliveries_to("jobs", "job", 6, "attempts", "0");
     db.execute("ANALYZE outbox_deliveries");
     let claims = claim_all(&mut db, "jobs");
     ack_each(&mut consumer, "jobs", &claims, 1);
 
-    add_jobs(&mut db, "jobs", 3000);
+    db.insert_deliveries_to("jobs", "job", 3000, "attempts", "0");
     let claims = claim_all(&mut db, "jobs");
     assert_eq!(claims.len(), 3000);
     let [table_rows, _] = ack_each(&mut consumer, "jobs", &claims, 1);
@@ -390,7 +382,7 @@ fn a_repeated_ack_looks_its_delivery_up_instead_of_reading_every_sent_one() {
     pull_endpoint(&mut db, "jobs", "{job}", "");
     // Statistics taken while nothing was sent make the partial index of sent deliveries look
     // empty: the cheapest place to find sent rows, to a planner that believes them.
-    add_jobs(&mut db, "jobs", 3000);
+    db.insert_deliveries_to("jobs", "job", 3000, "attempts", "0");
     db.execute("ANALYZE outbox_deliveries");
     let claims = claim_all(&mut db, "jobs");
     assert_eq!(claims.len(), 3000);
