@@ -28,7 +28,7 @@ cleanup() {
 trap cleanup EXIT
 sed -e "s|@DIR@|$DIR|g" -e "s|@PORT@|$RECEIVER_PORT|g" bench/nginx.conf.in > "$DIR/nginx.conf"
 nginx -c "$DIR/nginx.conf"
-start_cluster "$DIR/pg" 54338 "outbox.workers = 2" "max_wal_size = '4GB'" "checkpoint_timeout = '30min'" \
+start_cluster "$DIR/pg" 15338 "outbox.workers = 2" "max_wal_size = '4GB'" "checkpoint_timeout = '30min'" \
   "shared_preload_libraries = 'outbox_ext,auto_explain'" "auto_explain.log_min_duration = '${LATENCY_EXPLAIN_MS:-1000}ms'" \
   "auto_explain.log_nested_statements = on"
 psql_cluster -q -c "CREATE EXTENSION outbox_ext"

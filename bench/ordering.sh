@@ -17,7 +17,7 @@ install_extension
 
 DIR=$(mktemp -d /tmp/outbox-bench-ordering.XXXXXX)
 chmod 755 "$DIR"
-PORT=54342
+PORT=15342
 RECEIVER_PORT=8798
 URL="http://127.0.0.1:$RECEIVER_PORT/events"
 cleanup() {

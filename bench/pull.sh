@@ -15,7 +15,7 @@ clients/java/build.sh >/dev/null
 
 DIR=$(mktemp -d /tmp/outbox-bench-pull.XXXXXX)
 chmod 755 "$DIR"
-PORT=54341
+PORT=15341
 cleanup() { stop_cluster; rm -rf "$DIR"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

@@ -28,7 +28,7 @@ install_extension
 DIR=$(mktemp -d /tmp/outbox-bench.XXXXXX)
 chmod 755 "$DIR"
 OLD_TREE=$DIR/0.1.0
-PORT=54339
+PORT=15339
 RECEIVER_PORT=8799
 URL="http://127.0.0.1:$RECEIVER_PORT/events"
 CLUSTER_SETTINGS=("outbox.workers = 2" "max_wal_size = '4GB'" "checkpoint_timeout = '30min'")

@@ -10,7 +10,7 @@ install_extension >/dev/null
 
 DIR=$(mktemp -d /tmp/outbox-clients.XXXXXX)
 chmod 755 "$DIR"
-PORT=54352
+PORT=15352
 cleanup() { stop_cluster; rm -rf "$DIR"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

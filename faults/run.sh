@@ -10,7 +10,7 @@ install_extension
 
 DIR=$(mktemp -d /tmp/outbox-faults.XXXXXX)
 chmod 755 "$DIR"
-PORT=54350
+PORT=15350
 RECEIVER_PORT=8797
 cleanup() { stop_cluster; rm -rf "$DIR"; }
 trap cleanup EXIT

@@ -18,7 +18,7 @@ promtool test rules monitoring/alerts.test.yml
 
 DIR=$(mktemp -d /tmp/outbox-monitoring.XXXXXX)
 chmod 755 "$DIR"
-PORT=54353
+PORT=15353
 RECEIVER_PORT=8796
 EXPORTER_PORT=9188
 exporter=

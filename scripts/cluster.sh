@@ -56,9 +56,10 @@ start_cluster() {
     echo "unix_socket_directories = '$CLUSTER_DIR'"
     printf '%s\n' "$@"
   } | as_postgres tee -a "$CLUSTER_DIR/data/postgresql.conf" >/dev/null
-  # The fixed ports lie in Linux's ephemeral range: an outgoing connection of an earlier step
-  # can hold one as its local port for a while (one CI run met it twice within 0.2 s, with
-  # nothing listed by ss in between). Then wait for it to be free and try again, a few times.
+  # The scripts' fixed ports (153xx) lie below Linux's ephemeral range (32768-60999), so no
+  # outgoing connection takes one as its local port, as one did in a CI run when they were 543xx.
+  # A port can still be held for a moment by a cluster an earlier step is stopping: then wait for
+  # it to be free and try again, a few times.
   local attempt
   for attempt in 1 2 3 4 5; do
     if as_postgres "$PG_BIN/pg_ctl" -D "$CLUSTER_DIR/data" -o "-p $CLUSTER_PORT" -l "$CLUSTER_DIR/server.log" -w start >/dev/null; then

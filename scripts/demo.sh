@@ -16,7 +16,7 @@ scripts/setup.sh
 DIR=$(mktemp -d /tmp/outbox-demo.XXXXXX)
 # Apart from the cluster's directory, which start_cluster empties and hands to postgres.
 RECEIVERS=$(mktemp -d /tmp/outbox-demo-receivers.XXXXXX)
-PORT=54329
+PORT=15329
 BILLING_PORT=8787
 AUDIT_PORT=8788
 # Short, so that the demo ends soon, yet long enough for a few failed attempts: retries wait

@@ -65,7 +65,7 @@ def work(url: str) -> None:
 
 
 def main() -> None:
-    url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:54361/postgres")
+    url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:15329/postgres")
     if sys.argv[1:2] == ["enqueue-and-rollback"] and len(sys.argv) == 3:
         enqueue_and_rollback(url, sys.argv[2])
     elif sys.argv[1:] == ["work"]:
