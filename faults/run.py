@@ -313,10 +313,11 @@ CLAIM = open(os.path.join(os.path.dirname(__file__), "..", "sql", "claim_batch.s
 
 
 def claim_sql(limit, lease_ms):
-    """The workers' claim for the endpoint default: (endpoint, event id, attempt, body) rows."""
+    """The workers' claim for the endpoint default, with the default 10 attempts: (endpoint,
+    event id, attempt, body, last error) rows; a null body (and the error) for one made dead."""
     return "".join(l for l in CLAIM.splitlines(True) if not l.startswith("--")) \
         .replace("$1", "'{default}'").replace("$2", f"'{{{limit}}}'").replace("$3", f"'{{{lease_ms}}}'") \
-        .replace("@extschema@", "public")
+        .replace("$4", "'{10}'").replace("@extschema@", "public")
 
 
 MARK_SENT = open(os.path.join(os.path.dirname(__file__), "..", "sql", "mark_sent.sql")).read()
@@ -333,20 +334,23 @@ def mark_sent(ids):
 
 def run_sql_claimer(claim, record, enqueued, pause=0.0):
     """A claimer beside the workers: runs `claim()` (psql output of the workers' claim: endpoint,
-    event id, attempt, body), POSTs each body to the receiver, passes the ids answered 2xx to
-    `record`, until `enqueued` is set and nothing is left unsent. Returns how many it
-    delivered."""
+    event id, attempt, body, last error), POSTs each body to the receiver, passes the ids
+    answered 2xx to `record`, until `enqueued` is set and nothing is left unsent. Returns how
+    many it delivered."""
     connection = http.client.HTTPConnection("127.0.0.1", RECEIVER_PORT, timeout=10)
     delivered = 0
     while True:
-        rows = [line.split("|", 3) for line in claim().splitlines() if line]
+        # A claimed row ends with an empty last error; one made dead has an empty body.
+        rows = [(event_id, rest.rpartition("|")[0])
+                for _endpoint, event_id, _attempts, rest in (line.split("|", 3) for line in claim().splitlines() if line)
+                if not rest.startswith("|")]
         if not rows:
             if enqueued.is_set() and sql("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NULL") == "0":
                 return delivered
             time.sleep(pause)
             continue
         sent = []
-        for _endpoint, event_id, _attempts, body in rows:
+        for event_id, body in rows:
             connection.request("POST", "/events", body=body,
                                headers={"webhook-id": event_id, "content-type": "application/json"})
             response = connection.getresponse()

@@ -93,9 +93,14 @@ fn claims_are_served_by_the_partial_index() {
         oid: pgrx::pg_sys::InvalidOid,
         namespace: pgrx::pg_sys::InvalidOid,
     };
-    db.execute(&format!("BEGIN; PREPARE claim(text[], bigint[], float8[]) AS {}", claim_batch_sql(&installation)));
-    let plan: Vec<String> =
-        db.client.query("EXPLAIN EXECUTE claim('{default}', '{100}', '{30000}')", &[]).unwrap().iter().map(|row| row.get(0)).collect();
+    db.execute(&format!("BEGIN; PREPARE claim(text[], bigint[], float8[], integer[]) AS {}", claim_batch_sql(&installation)));
+    let plan: Vec<String> = db
+        .client
+        .query("EXPLAIN EXECUTE claim('{default}', '{100}', '{30000}', '{10}')", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
     db.execute("ROLLBACK; DEALLOCATE claim");
     let plan = plan.join("\n");
     assert!(plan.contains("outbox_deliveries_pending"), "the claim walks the outbox_deliveries_pending index:\n{plan}");

@@ -80,6 +80,38 @@ fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_t
 }
 
 #[test]
+fn a_delivery_whose_last_attempt_was_abandoned_is_dead_instead_of_attempted_again() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Hold);
+    // One attempt allowed. The request timeout outlasts the worker's 3 s shutdown grace, so the
+    // attempt is abandoned, not timed out and recorded; the lease is the timeout plus 5 s.
+    db.configure(&[
+        ("outbox.webhook_url", &receiver.url),
+        ("outbox.lease", "1s"),
+        ("outbox.http_timeout", "6s"),
+        ("outbox.max_attempts", "1"),
+    ]);
+
+    let id = db.enqueue("abandoned.last", "{}");
+    wait_until("the request is in flight", Duration::from_secs(10), || receiver.held() == 1);
+    receiver.set_reply(Reply::Status(204)); // an attempt beyond the cap would succeed
+    let pid: i32 = db.value(&format!("SELECT claimed_by FROM outbox_deliveries WHERE event_id = {id}"));
+    db.execute(&format!("SELECT pg_terminate_backend({pid})"));
+
+    wait_until("the lease runs out and a claim finds the delivery", Duration::from_secs(30), || db.is_dead(id));
+    assert_eq!(receiver.deliveries_of(id).len(), 1, "no attempt beyond max_attempts");
+    assert_eq!(
+        db.value::<String>(&format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}")),
+        "the lease of attempt 1 ran out with no outcome recorded"
+    );
+    assert_eq!(db.value::<Option<i32>>(&format!("SELECT claimed_by FROM outbox_deliveries WHERE event_id = {id}")), None);
+    assert_eq!(db.value::<i64>("SELECT dead FROM outbox_stats()"), 1);
+
+    assert_eq!(db.value::<i32>(&format!("SELECT outbox_requeue({id})")), 1);
+    wait_until("the requeued delivery is sent", Duration::from_secs(10), || db.is_sent(id));
+}
+
+#[test]
 fn the_workers_report_their_updates_to_the_statistics_autovacuum_reads() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Status(204));

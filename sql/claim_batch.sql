@@ -6,7 +6,12 @@
 -- longer than its request timeout), so if this worker dies the deliveries become claimable
 -- again by themselves, and never while their request may still run. A disabled (or dropped)
 -- endpoint gets nothing, even if the worker has not noticed yet.
--- The body is the delivery envelope: {"type", "timestamp", "data"}.
+-- A delivery that already had the endpoint's max_attempts ($4) is made dead instead of being
+-- attempted again: its last lease ran out with no outcome recorded (its worker stopped or died
+-- during the request), or the cap was lowered since. So a receiver never sees more than
+-- max_attempts attempts; outbox_claim does the same for pull endpoints.
+-- Returns the claimed deliveries, with the delivery envelope as body: {"type", "timestamp",
+-- "data"}; then those made dead, with a null body and their last_error.
 --
 -- Like every statement the workers run, this one runs with search_path = pg_catalog, pg_temp
 -- and names the extension's tables by their schema: with exact argument types, each operator
@@ -34,14 +39,30 @@ WITH claimable AS (
        SET attempts     = d.attempts + 1,
            available_at = now() + l.lease_ms * interval '1 millisecond',
            claimed_by   = pg_backend_pid()
-      FROM unnest($1::text[], $3::float8[]) AS l (endpoint, lease_ms)
+      FROM unnest($1::text[], $3::float8[], $4::integer[]) AS l (endpoint, lease_ms, max_attempts)
      WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable))
        AND d.endpoint = l.endpoint
+       AND d.attempts < l.max_attempts
     RETURNING d.endpoint, d.event_id, d.attempts
+), spent AS (
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET dead_at    = now(),
+           claimed_by = NULL,
+           last_error = CASE WHEN d.claimed_by IS NULL THEN d.last_error
+                             ELSE 'the lease of attempt ' || d.attempts || ' ran out with no outcome recorded' END
+      FROM unnest($1::text[], $4::integer[]) AS l (endpoint, max_attempts)
+     WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable))
+       AND d.endpoint = l.endpoint
+       AND d.attempts >= l.max_attempts
+    RETURNING d.endpoint, d.event_id, d.attempts, d.last_error
 )
 SELECT c.endpoint,
        c.event_id,
        c.attempts,
-       json_build_object('type', o.topic, 'timestamp', o.created_at, 'data', o.payload)::text
+       json_build_object('type', o.topic, 'timestamp', o.created_at, 'data', o.payload)::text,
+       NULL
   FROM claimed AS c
   JOIN @extschema@.outbox AS o ON o.id = c.event_id
+UNION ALL
+SELECT s.endpoint, s.event_id, s.attempts, NULL, s.last_error
+  FROM spent AS s

@@ -129,6 +129,7 @@ impl Endpoints {
                 endpoint: name.clone(),
                 limit: free.min(settings.batch_size),
                 lease: settings.lease.max(target.timeout + LEASE_MARGIN),
+                max_attempts: endpoint.max_attempts,
                 ordered: endpoint.row.ordered,
             })
         })

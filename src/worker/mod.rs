@@ -332,9 +332,13 @@ impl Relay {
             // is seen by the next one).
             Ok(queue::Claimed::EndpointsChanged) if !read_endpoints => self.claim_and_send(queries, true),
             Ok(queue::Claimed::EndpointsChanged) => Ok(Some(true)),
-            Ok(queue::Claimed::Deliveries(deliveries)) => {
-                let full = plan.iter().any(|claim| deliveries.iter().filter(|d| d.endpoint == claim.endpoint).count() == claim.limit);
-                for delivery in deliveries {
+            Ok(queue::Claimed::Deliveries { claimed, dead }) => {
+                dead.iter().for_each(warn_dead);
+                let taken = |endpoint: &str| {
+                    claimed.iter().filter(|d| *d.endpoint == *endpoint).count() + dead.iter().filter(|d| d.endpoint == endpoint).count()
+                };
+                let full = plan.iter().any(|claim| taken(&claim.endpoint) == claim.limit);
+                for delivery in claimed {
                     if let Some(target) = self.endpoints.target(&delivery.endpoint) {
                         self.sender.send(&target, delivery);
                     }

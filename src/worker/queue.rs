@@ -12,7 +12,7 @@ use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
 use crate::delivery::{retry_delay, Attempt, Event};
 
-/// A delivery that ran out of attempts with this failure.
+/// A delivery that ran out of attempts, and the last failure it had.
 pub struct DeadDelivery {
     pub endpoint: String,
     pub event_id: i64,
@@ -27,6 +27,8 @@ pub struct Claim {
     pub limit: usize,
     /// How long the claim holds them.
     pub lease: Duration,
+    /// A delivery that already had this many attempts is made dead, not claimed.
+    pub max_attempts: i32,
     /// Per-key FIFO: its keys get their heads (`outbox_sequence`) before the claim.
     pub ordered: bool,
 }
@@ -78,7 +80,7 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
             Ok([
                 prepare(ENDPOINTS_VERSION, &[])?,
                 prepare(SEQUENCE, &[TEXTARRAYOID])?,
-                prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID])?,
+                prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID])?,
                 prepare(include_str!("../../sql/mark_sent.sql"), &[TEXTARRAYOID, INT8ARRAYOID, OIDOID])?,
                 prepare(
                     include_str!("../../sql/record_failures.sql"),
@@ -220,11 +222,12 @@ fn endpoints_version(client: &mut SpiClient<'_>, queries: &Queries) -> Result<i6
     Ok(client.update(&queries.endpoints_version, None, &[])?.first().get_one::<i64>()?.unwrap_or(0))
 }
 
-/// What a claim got: the deliveries, or nothing because the endpoints changed since the
-/// worker read them at `version` (it reads them again and claims then: a new secret signs
-/// every attempt started after its rotation committed).
+/// What a claim got: the deliveries to send and those it found out of attempts (made dead), or
+/// nothing because the endpoints changed since the worker read them at `version` (it reads
+/// them again and claims then: a new secret signs every attempt started after its rotation
+/// committed).
 pub enum Claimed {
-    Deliveries(Vec<Event>),
+    Deliveries { claimed: Vec<Event>, dead: Vec<DeadDelivery> },
     EndpointsChanged,
 }
 
@@ -237,6 +240,7 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], version: i64) -> Result<
     let endpoints: Vec<String> = wanted.iter().map(|claim| claim.endpoint.to_string()).collect();
     let limits: Vec<i64> = wanted.iter().map(|claim| claim.limit as i64).collect();
     let leases: Vec<f64> = wanted.iter().map(|claim| millis(claim.lease)).collect();
+    let caps: Vec<i32> = wanted.iter().map(|claim| claim.max_attempts).collect();
     let ordered: Vec<String> = wanted.iter().filter(|claim| claim.ordered).map(|claim| claim.endpoint.to_string()).collect();
     let claimed = transaction::run(|| {
         Spi::connect_mut(|client| {
@@ -247,31 +251,31 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], version: i64) -> Result<
             if !ordered.is_empty() {
                 client.update(&queries.sequence, None, &[ordered.clone().into()])?;
             }
-            let args = [endpoints.into(), limits.into(), leases.into()];
-            let rows = client.update(&queries.claim_batch, None, &args)?;
-            rows.map(|row| {
-                Ok((
-                    row.get::<String>(1)?.unwrap_or_default(),
-                    row.get::<i64>(2)?.unwrap_or_default(),
-                    row.get::<i32>(3)?.unwrap_or_default(),
-                    row.get::<String>(4)?.unwrap_or_default(),
-                ))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
+            let args = [endpoints.into(), limits.into(), leases.into(), caps.into()];
+            let mut claimed = Vec::new();
+            let mut dead = Vec::new();
+            for row in client.update(&queries.claim_batch, None, &args)? {
+                let endpoint = row.get::<String>(1)?.unwrap_or_default();
+                let event_id = row.get::<i64>(2)?.unwrap_or_default();
+                let attempts = row.get::<i32>(3)?.unwrap_or_default();
+                match row.get::<String>(4)? {
+                    Some(body) => claimed.push((endpoint, event_id, attempts, body)),
+                    None => dead.push(DeadDelivery { endpoint, event_id, attempts, last_error: row.get(5)?.unwrap_or_default() }),
+                }
+            }
+            Ok(Some((claimed, dead)))
         })
     })?;
-    let Some(claimed) = claimed else { return Ok(Claimed::EndpointsChanged) };
+    let Some((claimed, dead)) = claimed else { return Ok(Claimed::EndpointsChanged) };
     // Share the endpoint names the worker already holds instead of one copy per delivery.
-    Ok(Claimed::Deliveries(
-        claimed
-            .into_iter()
-            .filter_map(|(endpoint, id, attempts, body)| {
-                let endpoint = wanted.iter().find(|claim| *claim.endpoint == *endpoint)?.endpoint.clone();
-                Some(Event { endpoint, id, attempts, body })
-            })
-            .collect(),
-    ))
+    let claimed = claimed
+        .into_iter()
+        .filter_map(|(endpoint, id, attempts, body)| {
+            let endpoint = wanted.iter().find(|claim| *claim.endpoint == *endpoint)?.endpoint.clone();
+            Some(Event { endpoint, id, attempts, body })
+        })
+        .collect();
+    Ok(Claimed::Deliveries { claimed, dead })
 }
 
 /// Records acknowledged deliveries in a transaction of their own, so that nothing else that
