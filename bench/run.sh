@@ -83,7 +83,7 @@ sql_text() { grep -v '^ *--' "sql/$1" | sed 's/@extschema@/public/g' | tr '\n' '
 claim=$(sql_text claim_batch.sql | sed -e "s/\\\$1/ARRAY['default']/g" -e 's/\$2/ARRAY[100]/g' -e 's/\$3/ARRAY[30000]/g' -e 's/\$4/ARRAY[10]/g')
 # The claim, then the workers' mark-sent statement on the deliveries it returned: one
 # transaction per batch, as a DO block so that pgbench can pass them from one to the next.
-printf 'DO $$DECLARE delivery record; noted record; batch_endpoints text[]; batch_ids bigint[]; BEGIN FOR delivery IN %s LOOP batch_endpoints := batch_endpoints || delivery.endpoint; batch_ids := batch_ids || delivery.event_id; END LOOP; %s; END$$;\n' \
+printf 'DO $$DECLARE delivery record; noted record; batch_endpoints text[]; batch_ids bigint[]; BEGIN FOR delivery IN %s LOOP CONTINUE WHEN delivery.body IS NULL; batch_endpoints := batch_endpoints || delivery.endpoint; batch_ids := batch_ids || delivery.event_id; END LOOP; %s; END$$;\n' \
   "$claim" \
   "$(sql_text mark_sent.sql | sed -e 's/\$1/batch_endpoints/g' -e 's/\$2/batch_ids/g' \
        -e "s/\\\$3/(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')/g" \

@@ -83,12 +83,13 @@ fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_t
 fn a_delivery_whose_last_attempt_was_abandoned_is_dead_instead_of_attempted_again() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Hold);
-    // One attempt allowed. The request timeout outlasts the worker's 3 s shutdown grace, so the
-    // attempt is abandoned, not timed out and recorded; the lease is the timeout plus 5 s.
+    // One attempt allowed. The request timeout (as in the test above) outlasts the worker's 3 s
+    // shutdown grace by far, so the attempt is abandoned, not timed out and recorded; the lease
+    // is the timeout plus 5 s.
     db.configure(&[
         ("outbox.webhook_url", &receiver.url),
         ("outbox.lease", "1s"),
-        ("outbox.http_timeout", "6s"),
+        ("outbox.http_timeout", "10s"),
         ("outbox.max_attempts", "1"),
     ]);
 
@@ -98,7 +99,7 @@ fn a_delivery_whose_last_attempt_was_abandoned_is_dead_instead_of_attempted_agai
     let pid: i32 = db.value(&format!("SELECT claimed_by FROM outbox_deliveries WHERE event_id = {id}"));
     db.execute(&format!("SELECT pg_terminate_backend({pid})"));
 
-    wait_until("the lease runs out and a claim finds the delivery", Duration::from_secs(30), || db.is_dead(id));
+    wait_until("the lease runs out and a claim finds the delivery", Duration::from_secs(45), || db.is_dead(id));
     assert_eq!(receiver.deliveries_of(id).len(), 1, "no attempt beyond max_attempts");
     assert_eq!(
         db.value::<String>(&format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}")),

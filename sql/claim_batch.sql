@@ -8,8 +8,10 @@
 -- endpoint gets nothing, even if the worker has not noticed yet.
 -- A delivery that already had the endpoint's max_attempts ($4) is made dead instead of being
 -- attempted again: its last lease ran out with no outcome recorded (its worker stopped or died
--- during the request), or the cap was lowered since. So a receiver never sees more than
--- max_attempts attempts; outbox_claim does the same for pull endpoints.
+-- during the request: perhaps on this very delivery, which would otherwise come back forever),
+-- or the cap was lowered since. So no claim starts an attempt beyond max_attempts (only a
+-- server crash that loses a claim, committed asynchronously, can repeat one); outbox_claim
+-- does the same for pull endpoints.
 -- Returns the claimed deliveries, with the delivery envelope as body: {"type", "timestamp",
 -- "data"}; then those made dead, with a null body and their last_error.
 --
@@ -17,12 +19,12 @@
 -- and names the extension's tables by their schema: with exact argument types, each operator
 -- and function resolves to pg_catalog, whatever anyone created elsewhere.
 WITH claimable AS (
-    SELECT c.row_id
-      FROM unnest($1::text[], $2::bigint[]) AS w (endpoint, max_events)
+    SELECT c.row_id, c.attempts >= w.max_attempts AS spent
+      FROM unnest($1::text[], $2::bigint[], $4::integer[]) AS w (endpoint, max_events, max_attempts)
       JOIN @extschema@.outbox_endpoints AS e
         ON e.name = w.endpoint AND e.kind = 'webhook' AND e.disabled_at IS NULL
      CROSS JOIN LATERAL (
-            SELECT d.ctid AS row_id
+            SELECT d.ctid AS row_id, d.attempts
               FROM @extschema@.outbox_deliveries AS d
              WHERE d.endpoint = w.endpoint
                AND d.sent_at IS NULL
@@ -39,10 +41,9 @@ WITH claimable AS (
        SET attempts     = d.attempts + 1,
            available_at = now() + l.lease_ms * interval '1 millisecond',
            claimed_by   = pg_backend_pid()
-      FROM unnest($1::text[], $3::float8[], $4::integer[]) AS l (endpoint, lease_ms, max_attempts)
-     WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable))
+      FROM unnest($1::text[], $3::float8[]) AS l (endpoint, lease_ms)
+     WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable WHERE NOT claimable.spent))
        AND d.endpoint = l.endpoint
-       AND d.attempts < l.max_attempts
     RETURNING d.endpoint, d.event_id, d.attempts
 ), spent AS (
     UPDATE @extschema@.outbox_deliveries AS d
@@ -50,17 +51,14 @@ WITH claimable AS (
            claimed_by = NULL,
            last_error = CASE WHEN d.claimed_by IS NULL THEN d.last_error
                              ELSE 'the lease of attempt ' || d.attempts || ' ran out with no outcome recorded' END
-      FROM unnest($1::text[], $4::integer[]) AS l (endpoint, max_attempts)
-     WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable))
-       AND d.endpoint = l.endpoint
-       AND d.attempts >= l.max_attempts
+     WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable WHERE claimable.spent))
     RETURNING d.endpoint, d.event_id, d.attempts, d.last_error
 )
 SELECT c.endpoint,
        c.event_id,
        c.attempts,
-       json_build_object('type', o.topic, 'timestamp', o.created_at, 'data', o.payload)::text,
-       NULL
+       json_build_object('type', o.topic, 'timestamp', o.created_at, 'data', o.payload)::text AS body,
+       NULL AS last_error
   FROM claimed AS c
   JOIN @extschema@.outbox AS o ON o.id = c.event_id
 UNION ALL

@@ -68,7 +68,7 @@ COMMENT ON COLUMN @extschema@.outbox_deliveries.available_at IS 'Not claimable b
 COMMENT ON COLUMN @extschema@.outbox_deliveries.attempts IS 'Number of claims so far.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.sent_at IS 'Set only after the receiver answered 2xx, or a pull consumer acknowledged it.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.dead_at IS 'Set when attempts reached the cap; outbox_requeue() brings the delivery back.';
-COMMENT ON COLUMN @extschema@.outbox_deliveries.last_error IS 'What the last failed attempt saw: HTTP status, timeout or connection error.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.last_error IS 'What the last failed attempt saw: HTTP status, timeout or connection error; or that its lease ran out with no outcome.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.key IS 'On an ordered endpoint, the event''s key; null elsewhere.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.waiting IS 'Ordered endpoints: waits for the deliveries of its key before it (see outbox_keys); not claimable meanwhile.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.claimed_by IS 'Process id of the relay worker or consumer session that claimed the delivery last (see pg_stat_activity); cleared when its failure is recorded.';
