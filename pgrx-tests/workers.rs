@@ -53,13 +53,18 @@ fn no_transaction_or_row_lock_is_held_while_a_request_is_in_flight() {
 }
 
 #[test]
-fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_the_lease() {
+fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_the_lease_even_on_its_last_attempt() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Hold);
     // The lease, the request timeout plus 5 s (15 s), outlasts the worker's 3 s shutdown grace,
     // so nobody else claims the row first, and the request does not time out before the worker
-    // is stopped.
-    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.lease", "5s"), ("outbox.http_timeout", "10s")]);
+    // is stopped. One attempt allowed: the abandoned one must not count.
+    db.configure(&[
+        ("outbox.webhook_url", &receiver.url),
+        ("outbox.lease", "5s"),
+        ("outbox.http_timeout", "10s"),
+        ("outbox.max_attempts", "1"),
+    ]);
 
     let id = db.enqueue("abandoned", "{}");
     wait_until("the request is in flight", Duration::from_secs(10), || receiver.held() == 1);
@@ -76,40 +81,42 @@ fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_t
 
     wait_until("the abandoned event is delivered again", Duration::from_secs(30), || db.is_sent(id));
     assert_eq!(receiver.deliveries_of(id).len(), 2, "delivered again once the lease ran out");
+    assert_eq!(
+        db.value::<i32>(&format!("SELECT attempts FROM outbox_deliveries WHERE event_id = {id}")),
+        1,
+        "the abandoned attempt did not count"
+    );
     wait_until("the worker is back", Duration::from_secs(30), || db.value::<i64>("SELECT count(*) FROM outbox_workers()") == 2);
 }
 
 #[test]
-fn a_delivery_whose_last_attempt_was_abandoned_is_dead_instead_of_attempted_again() {
+fn a_delivery_left_on_its_last_attempt_by_a_worker_that_died_is_dead_not_attempted_again() {
     let mut db = db();
-    let receiver = Receiver::start(Reply::Hold);
-    // One attempt allowed. The request timeout (as in the test above) outlasts the worker's 3 s
-    // shutdown grace by far, so the attempt is abandoned, not timed out and recorded; the lease
-    // is the timeout plus 5 s.
-    db.configure(&[
-        ("outbox.webhook_url", &receiver.url),
-        ("outbox.lease", "1s"),
-        ("outbox.http_timeout", "10s"),
-        ("outbox.max_attempts", "1"),
-    ]);
+    let receiver = Receiver::start(Reply::Status(204));
+    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.max_attempts", "2")]);
+    // Three deliveries as a worker that died in the middle of their requests leaves them, their
+    // leases just run out (scheduled an hour ahead first, so no worker takes them meanwhile):
+    // one on its last attempt, one with an attempt left, and one that had used every attempt
+    // the endpoint now allows (its cap was lowered) after a failure that was recorded.
+    let last = "SELECT outbox_enqueue('died.last', '{}', NULL, now() + interval '1 hour')";
+    let (last, spare, over) = (db.value::<i64>(last), db.value::<i64>(last), db.value::<i64>(last));
+    db.execute(&format!(
+        "UPDATE outbox_deliveries
+            SET available_at = now(),
+                attempts = CASE event_id WHEN {last} THEN 2 WHEN {spare} THEN 1 ELSE 3 END,
+                claimed_by = CASE WHEN event_id = {over} THEN NULL ELSE 2147483647 END,
+                last_error = CASE WHEN event_id = {over} THEN 'HTTP 500' END
+          WHERE event_id IN ({last}, {spare}, {over})"
+    ));
 
-    let id = db.enqueue("abandoned.last", "{}");
-    wait_until("the request is in flight", Duration::from_secs(10), || receiver.held() == 1);
-    receiver.set_reply(Reply::Status(204)); // an attempt beyond the cap would succeed
-    let pid: i32 = db.value(&format!("SELECT claimed_by FROM outbox_deliveries WHERE event_id = {id}"));
-    db.execute(&format!("SELECT pg_terminate_backend({pid})"));
-
-    wait_until("the lease runs out and a claim finds the delivery", Duration::from_secs(45), || db.is_dead(id));
-    assert_eq!(receiver.deliveries_of(id).len(), 1, "no attempt beyond max_attempts");
-    assert_eq!(
-        db.value::<String>(&format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}")),
-        "the lease of attempt 1 ran out with no outcome recorded"
-    );
-    assert_eq!(db.value::<Option<i32>>(&format!("SELECT claimed_by FROM outbox_deliveries WHERE event_id = {id}")), None);
-    assert_eq!(db.value::<i64>("SELECT dead FROM outbox_stats()"), 1);
-
-    assert_eq!(db.value::<i32>(&format!("SELECT outbox_requeue({id})")), 1);
-    wait_until("the requeued delivery is sent", Duration::from_secs(10), || db.is_sent(id));
+    wait_until("a claim finds them", Duration::from_secs(10), || db.is_sent(spare) && db.is_dead(last) && db.is_dead(over));
+    assert!(receiver.deliveries_of(last).is_empty() && receiver.deliveries_of(over).is_empty(), "no attempt beyond max_attempts");
+    assert_eq!(receiver.deliveries_of(spare).len(), 1, "the one with an attempt left is sent");
+    let errors =
+        db.column::<String>(&format!("SELECT last_error FROM outbox_deliveries WHERE event_id IN ({last}, {over}) ORDER BY event_id"));
+    assert_eq!(errors, ["the lease of attempt 2 ran out with no outcome recorded", "HTTP 500"]);
+    assert_eq!(db.value::<i64>(&format!("SELECT count(claimed_by) FROM outbox_deliveries WHERE event_id IN ({last}, {over})")), 0);
+    assert_eq!(db.value::<i64>("SELECT dead FROM outbox_stats()"), 2);
 }
 
 #[test]

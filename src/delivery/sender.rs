@@ -4,7 +4,7 @@
 //! runtime's threads, which never call into PostgreSQL and have every signal blocked so that
 //! PostgreSQL's handlers only ever run on the main thread.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,7 +17,8 @@ pub struct Sender {
     finished_tx: mpsc::Sender<Attempt>,
     finished_rx: mpsc::Receiver<Attempt>,
     doorbell: Arc<Doorbell>,
-    in_flight: usize,
+    /// The attempts in flight: endpoint, event id, attempt number.
+    in_flight: HashSet<(Arc<str>, i64, i32)>,
     /// Requests in flight per endpoint: each endpoint has its own budget (`max_in_flight`), so
     /// one that hangs cannot take the slots of another.
     in_flight_to: HashMap<Arc<str>, usize>,
@@ -52,13 +53,21 @@ impl Sender {
             .map_err(SenderError::Client)?;
         let doorbell = Doorbell::new().map_err(SenderError::Doorbell)?;
         let (finished_tx, finished_rx) = mpsc::channel();
-        Ok(Sender { runtime, client, finished_tx, finished_rx, doorbell: Arc::new(doorbell), in_flight: 0, in_flight_to: HashMap::new() })
+        Ok(Sender {
+            runtime,
+            client,
+            finished_tx,
+            finished_rx,
+            doorbell: Arc::new(doorbell),
+            in_flight: HashSet::new(),
+            in_flight_to: HashMap::new(),
+        })
     }
 
     /// Starts one attempt; its result comes back through `take_finished`.
     pub fn send(&mut self, target: &Arc<Target>, event: Event) {
         let (client, target, done, bell) = (self.client.clone(), target.clone(), self.finished_tx.clone(), self.doorbell.clone());
-        self.in_flight += 1;
+        self.in_flight.insert((event.endpoint.clone(), event.id, event.attempts));
         *self.in_flight_to.entry(event.endpoint.clone()).or_default() += 1;
         self.runtime.spawn(async move {
             let outcome = post(&client, &target, &event).await;
@@ -72,8 +81,8 @@ impl Sender {
     pub fn take_finished(&mut self) -> Vec<Attempt> {
         self.doorbell.clear();
         let finished: Vec<Attempt> = self.finished_rx.try_iter().collect();
-        self.in_flight -= finished.len();
         for attempt in &finished {
+            self.in_flight.remove(&(attempt.endpoint.clone(), attempt.id, attempt.attempts));
             if let Some(count) = self.in_flight_to.get_mut(&attempt.endpoint) {
                 *count -= 1;
             }
@@ -83,7 +92,12 @@ impl Sender {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.in_flight
+        self.in_flight.len()
+    }
+
+    /// The attempts in flight now: endpoint, event id, attempt number.
+    pub fn in_flight_attempts(&self) -> impl Iterator<Item = &(Arc<str>, i64, i32)> {
+        self.in_flight.iter()
     }
 
     pub fn in_flight_to(&self, endpoint: &str) -> usize {

@@ -468,6 +468,9 @@ impl Relay {
         let abandoned = self.sender.in_flight();
         if abandoned > 0 {
             log!("outbox_ext relay {}: stopping with {abandoned} requests in flight; their leases will return them", self.number);
+            if let Err(e) = queue::uncount_abandoned(queries, self.sender.in_flight_attempts()) {
+                warning!("outbox_ext relay {}: the abandoned attempts still count: {e}", self.number);
+            }
         } else {
             log!("outbox_ext relay {} stopped", self.number);
         }

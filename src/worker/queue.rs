@@ -66,6 +66,7 @@ pub struct Queries {
     disable_failing_endpoints: String,
     load_endpoints: String,
     delete_expired: String,
+    uncount_abandoned: String,
 }
 
 /// The statements for `installation`, prepared in a transaction of their own.
@@ -99,6 +100,7 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
         disable_failing_endpoints: installation.qualify(include_str!("../../sql/disable_failing_endpoints.sql")),
         load_endpoints: installation.qualify(include_str!("../../sql/load_endpoints.sql")),
         delete_expired: installation.qualify(include_str!("../../sql/delete_expired.sql")),
+        uncount_abandoned: installation.qualify(include_str!("../../sql/uncount_abandoned.sql")),
         installation,
     })
 }
@@ -333,6 +335,26 @@ pub fn record_failures(queries: &Queries, failed: &[(&Attempt, i32)]) -> Result<
                 }
             }
             Ok(dead)
+        })
+    })
+}
+
+/// Takes back the attempts a stopping worker abandons (endpoint, event id, attempt number), so
+/// that a restart never uses up a delivery's last attempt.
+pub fn uncount_abandoned<'a>(queries: &Queries, abandoned: impl Iterator<Item = &'a (Arc<str>, i64, i32)>) -> Result<(), TransactionError> {
+    let mut endpoints = Vec::new();
+    let mut ids = Vec::new();
+    let mut attempts = Vec::new();
+    for (endpoint, id, attempt) in abandoned {
+        endpoints.push(endpoint.to_string());
+        ids.push(*id);
+        attempts.push(*attempt);
+    }
+    transaction::run(|| {
+        Spi::connect_mut(|client| {
+            let args = [endpoints.into(), ids.into(), attempts.into(), queries.installation.oid.into()];
+            client.update(queries.uncount_abandoned.as_str(), None, &args)?;
+            Ok(())
         })
     })
 }

@@ -1,0 +1,18 @@
+-- Attempts a stopping relay worker abandons ($1 endpoints, $2 event ids, $3 the attempt each
+-- was): they do not count. Each delivery keeps its lease, so nobody sends it while the
+-- abandoned request may still reach its receiver; once the lease runs out it is attempted
+-- again, even if this was its last allowed attempt (sql/claim_batch.sql would otherwise make
+-- it dead: a restart is no reason to give up on a delivery). Only this session's current
+-- claims of deliveries still undecided are touched. $4 is the extension the deliveries were
+-- claimed from, as in mark_sent.sql.
+UPDATE @extschema@.outbox_deliveries AS d
+   SET attempts = d.attempts - 1
+  FROM unnest($1::text[], $2::bigint[], $3::integer[]) AS a (endpoint, event_id, attempts)
+ WHERE d.event_id = ANY ($2)
+   AND d.event_id = a.event_id
+   AND d.endpoint = a.endpoint
+   AND d.attempts = a.attempts
+   AND d.claimed_by = pg_backend_pid()
+   AND d.sent_at IS NULL
+   AND d.dead_at IS NULL
+   AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $4)
