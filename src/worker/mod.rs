@@ -228,9 +228,12 @@ impl Relay {
             // finished, which under a failing endpoint are most of the worker's time.
             let finished = self.sender.take_finished();
             timers.claim_due |= self.endpoints.room_regained(&finished, &self.sender, &self.settings);
-            self.claim_if_due(queries, timers)?;
-            // The next events of ordered keys just sent are due: claim them without waiting.
+            let claimed = self.claim_if_due(queries, timers);
+            // Recorded even when the claim ends the loop (the relay's settings changed): these
+            // are neither in flight nor recorded anywhere else. The next events of ordered keys
+            // just sent are due: claim them without waiting.
             timers.claim_due |= self.record_finished(queries, finished)?;
+            claimed?;
             if reloaded {
                 // Published after the first claim under the new settings: from here on, only a
                 // commit's wakeup or the new poll interval starts a claim.

@@ -352,6 +352,8 @@ pub fn uncount_abandoned<'a>(queries: &Queries, abandoned: impl Iterator<Item = 
     }
     transaction::run(|| {
         Spi::connect_mut(|client| {
+            // A stopping worker must exit within seconds: if a row is locked, the attempt counts.
+            client.update("SET LOCAL lock_timeout = '500ms'", None, &[])?;
             let args = [endpoints.into(), ids.into(), attempts.into(), queries.installation.oid.into()];
             client.update(queries.uncount_abandoned.as_str(), None, &args)?;
             Ok(())
