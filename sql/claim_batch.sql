@@ -7,12 +7,12 @@
 -- again by themselves, and never while their request may still run. A disabled (or dropped)
 -- endpoint gets nothing, even if the worker has not noticed yet.
 -- A delivery that already had the endpoint's max_attempts ($4) is made dead instead of being
--- attempted again: its last lease ran out with no outcome recorded (its worker died during the
--- request: perhaps of this very delivery, which would otherwise come back forever; a worker
--- that stops takes its abandoned attempts back, sql/uncount_abandoned.sql),
--- or the cap was lowered since. So no claim starts an attempt numbered beyond max_attempts (only a
--- server crash that loses a claim, committed asynchronously, can repeat one); outbox_claim
--- does the same for pull endpoints.
+-- attempted again: its last lease ran out with no outcome recorded, or the cap was lowered
+-- since. Its worker died during the request, perhaps of this very delivery, which would
+-- otherwise come back forever (a worker that stops takes its abandoned attempts back:
+-- sql/uncount_abandoned.sql). So no claim starts an attempt numbered beyond max_attempts;
+-- only a server crash that loses a claim, committed asynchronously, can repeat a number.
+-- outbox_claim does the same for pull endpoints.
 -- Returns the claimed deliveries, with the delivery envelope as body: {"type", "timestamp",
 -- "data"}; then those made dead, with a null body and their last_error.
 --
