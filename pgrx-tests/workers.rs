@@ -98,8 +98,8 @@ fn a_delivery_left_on_its_last_attempt_by_a_worker_that_died_is_dead_not_attempt
     // leases just run out (scheduled an hour ahead first, so no worker takes them meanwhile):
     // one on its last attempt, one with an attempt left, and one that had used every attempt
     // the endpoint now allows (its cap was lowered) after a failure that was recorded.
-    let last = "SELECT outbox_enqueue('died.last', '{}', NULL, now() + interval '1 hour')";
-    let (last, spare, over) = (db.value::<i64>(last), db.value::<i64>(last), db.value::<i64>(last));
+    let scheduled = "SELECT outbox_enqueue('died.last', '{}', NULL, now() + interval '1 hour')";
+    let (last, spare, over) = (db.value::<i64>(scheduled), db.value::<i64>(scheduled), db.value::<i64>(scheduled));
     db.execute(&format!(
         "UPDATE outbox_deliveries
             SET available_at = now(),
