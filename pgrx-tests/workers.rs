@@ -1,5 +1,5 @@
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::cluster::{db, wait_until, Db};
 use super::receiver::{Receiver, Reply};
@@ -87,6 +87,42 @@ fn a_terminated_worker_exits_promptly_and_its_abandoned_row_is_delivered_after_t
         "the abandoned attempt did not count"
     );
     wait_until("the worker is back", Duration::from_secs(30), || db.value::<i64>("SELECT count(*) FROM outbox_workers()") == 2);
+}
+
+#[test]
+fn a_claim_that_waited_for_a_lock_leases_its_rows_from_when_it_took_them() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Hold);
+    // The lease is the request timeout plus 5 s (15 s); the request hangs until that timeout,
+    // so the lease is read before any outcome.
+    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.http_timeout", "10s"), ("outbox.lease", "1s")]);
+    let (database, user): (String, String) = (db.value("SELECT current_database()::text"), db.value("SELECT current_user::text"));
+    let mut locker = db.connect(&database, &user);
+    // The event is due at once, but its endpoint is disabled, so no claim has begun (and waits)
+    // before the lock below: the claims that wait for it begin after the endpoint is back.
+    db.execute("SELECT outbox_endpoint_disable('default')");
+    let id = db.enqueue("locked.out", "{}");
+    // What an endpoint being dropped holds while it waits for, or deletes, its history.
+    locker.batch_execute("BEGIN; LOCK TABLE outbox_deliveries IN SHARE MODE").unwrap();
+    let enabled: SystemTime = db.value("UPDATE outbox_endpoints SET disabled_at = NULL WHERE name = 'default' RETURNING clock_timestamp()");
+    db.wait_for("a worker's claim, begun once the endpoint was back, has waited 3 s for the lock", Duration::from_secs(30), |db| {
+        let sql = "SELECT count(*) > 0 FROM pg_stat_activity
+                    WHERE backend_type = 'outbox_ext relay' AND datname = current_database() AND wait_event_type = 'Lock'
+                      AND xact_start > $1 AND clock_timestamp() - xact_start > interval '3 seconds'";
+        db.client.query_one(sql, &[&enabled]).unwrap().get(0)
+    });
+    let unlocked: SystemTime = locker.query_one("SELECT clock_timestamp()", &[]).unwrap().get(0);
+    locker.batch_execute("COMMIT").unwrap();
+
+    wait_until("the request is in flight", Duration::from_secs(10), || receiver.held() == 1);
+    let lease_left: f64 = db
+        .client
+        .query_one("SELECT extract(epoch FROM available_at - $1)::float8 FROM outbox_deliveries WHERE event_id = $2", &[&unlocked, &id])
+        .unwrap()
+        .get(0);
+    assert!(lease_left >= 15.0, "the lease runs {lease_left} s from when the lock was released, not 15 s");
+    receiver.release();
+    wait_until("the event is sent once answered", Duration::from_secs(10), || db.is_sent(id));
 }
 
 #[test]

@@ -4,7 +4,9 @@
 -- outbox_deliveries_pending index in claim order and skips rows another claimer has locked;
 -- the UPDATE pushes available_at forward by the endpoint's lease ($3, float8 milliseconds:
 -- longer than its request timeout), so if this worker dies the deliveries become claimable
--- again by themselves, and never while their request may still run. A disabled (or dropped)
+-- again by themselves, and never while their request may still run. The lease counts from
+-- when the row is taken (clock_timestamp), not from the transaction's start: a claim that
+-- waited for a lock (an endpoint being dropped, say) must not hand out leases already spent. A disabled (or dropped)
 -- endpoint gets nothing, even if the worker has not noticed yet.
 -- A delivery that already had the endpoint's max_attempts ($4) is made dead instead of being
 -- attempted again: its last lease ran out with no outcome recorded, or the cap was lowered
@@ -40,7 +42,7 @@ WITH claimable AS (
     -- claim took, and a join would make it read the whole table.
     UPDATE @extschema@.outbox_deliveries AS d
        SET attempts     = d.attempts + 1,
-           available_at = now() + l.lease_ms * interval '1 millisecond',
+           available_at = clock_timestamp() + l.lease_ms * interval '1 millisecond',
            claimed_by   = pg_backend_pid()
       FROM unnest($1::text[], $3::float8[]) AS l (endpoint, lease_ms)
      WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable WHERE NOT claimable.spent))
