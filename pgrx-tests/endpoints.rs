@@ -324,6 +324,32 @@ fn requeue_and_replay_send_again_what_an_endpoint_missed() {
     );
 }
 
+#[test]
+fn a_replay_that_waited_for_a_drop_of_its_endpoint_fails_and_writes_nothing() {
+    let mut db = db();
+    db.execute("SELECT outbox_endpoint_set('gone', NULL, '{*}', kind => 'pull')");
+    db.enqueue("order.placed", "{}");
+    db.execute("DELETE FROM outbox_deliveries WHERE endpoint = 'gone'");
+    let mut dropper = db.connect("pgrx_tests", "postgres");
+    dropper.batch_execute("BEGIN; SELECT outbox_endpoint_drop('gone')").unwrap();
+    let mut operator = db.connect("pgrx_tests", "postgres");
+    let operator_pid: i32 = operator.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    let replay = std::thread::spawn(move || {
+        operator.query_one("SELECT outbox_replay('gone', now() - interval '1 hour')", &[]).map(|row| row.get::<_, i64>(0))
+    });
+    wait_until("the replay waits for the drop", Duration::from_secs(10), || {
+        db.value::<i64>(&format!("SELECT count(*) FROM pg_locks WHERE pid = {operator_pid} AND NOT granted")) == 1
+    });
+    dropper.batch_execute("COMMIT").unwrap();
+    let error = replay.join().unwrap().expect_err("a replay to a dropped endpoint");
+    assert_eq!(error.code(), Some(&postgres::error::SqlState::INVALID_PARAMETER_VALUE), "{error}");
+    assert_eq!(
+        db.value::<i64>("SELECT count(*) FROM outbox_deliveries WHERE endpoint = 'gone'"),
+        0,
+        "no delivery to an endpoint that is gone"
+    );
+}
+
 /// Enqueues (with `key`, if any) in a transaction of `isolation` whose snapshot was taken before `db`
 /// ran `change`: the event's id, committed, or the SQLSTATE it failed with, rolled back.
 fn enqueue_after(

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::cluster::{db, wait_until};
+use super::receiver::{Receiver, Reply};
 
 #[test]
 fn sent_events_past_the_retention_are_deleted_and_recent_and_dead_ones_stay() {
@@ -26,4 +27,27 @@ fn sent_events_past_the_retention_are_deleted_and_recent_and_dead_ones_stay() {
     assert_eq!(db.count("topic = 'pending'"), 10, "pending events stay");
     assert_eq!(db.count_events("topic = 'elsewhere'"), 10, "an event still pending at another endpoint stays");
     assert_eq!(db.count("topic = 'elsewhere'"), 0, "while its old sent delivery goes");
+}
+
+#[test]
+fn retention_keeps_an_event_that_a_replay_in_progress_is_giving_a_new_delivery() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.insert_deliveries("late.replayed", 1, "sent_at", "now() - interval '2 hours'");
+    db.insert_deliveries("other", 1, "sent_at", "now() - interval '2 hours'");
+    let (replayed, other): (i64, i64) =
+        (db.value("SELECT id FROM outbox WHERE topic = 'late.replayed'"), db.value("SELECT id FROM outbox WHERE topic = 'other'"));
+    db.execute(&format!("SELECT outbox_endpoint_set('late', '{}', '{{late.*}}')", receiver.url));
+    // A back-fill of the new endpoint, not committed yet when retention looks at the event.
+    let mut operator = db.connect("pgrx_tests", "postgres");
+    operator.batch_execute("BEGIN; SELECT outbox_replay('late', now() - interval '1 day')").unwrap();
+    db.configure(&[("outbox.retention", "1h")]);
+    wait_until("a retention pass deleted the other old event", Duration::from_secs(30), || db.count_events(&format!("id = {other}")) == 0);
+    assert_eq!(db.count_events(&format!("id = {replayed}")), 1, "the event being replayed stays");
+
+    operator.batch_execute("COMMIT").unwrap();
+    wait_until("the replayed event is delivered to the new endpoint", Duration::from_secs(30), || {
+        db.count_to("late", &format!("id = {replayed} AND sent_at IS NOT NULL")) == 1
+    });
+    assert_eq!(receiver.deliveries_of(replayed).len(), 1);
 }

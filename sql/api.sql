@@ -142,34 +142,43 @@ BEGIN
     IF since IS NULL OR until IS NULL THEN
         RAISE EXCEPTION 'outbox_replay: since and until must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- The table before the endpoint's row, as outbox_endpoint_set and _drop take them: a drop
+    -- of the endpoint, or a change of its ordering, that is in progress finishes first and
+    -- none starts before this commits, so the replay writes what the endpoint is now.
+    LOCK TABLE @extschema@.outbox_deliveries IN ROW EXCLUSIVE MODE;
     SELECT e.topics, e.ordered INTO patterns, is_ordered
       FROM @extschema@.outbox_endpoints AS e
-     WHERE e.name = outbox_replay.endpoint;
+     WHERE e.name = outbox_replay.endpoint
+       FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox_replay: endpoint % does not exist', quote_nullable(outbox_replay.endpoint)
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Each event is locked (FOR KEY SHARE) before its delivery is written: retention skips an
+    -- event so locked, and deletes one only once it sees every delivery of it
+    -- (sql/delete_expired.sql).
     WITH replayed AS (
         INSERT INTO @extschema@.outbox_deliveries AS d (event_id, endpoint, key, waiting)
         SELECT o.id, outbox_replay.endpoint, CASE WHEN is_ordered THEN o.key END, is_ordered AND o.key IS NOT NULL
           FROM @extschema@.outbox AS o
          WHERE o.created_at >= since AND o.created_at < until
            AND patterns OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(o.topic)
+           FOR KEY SHARE OF o
         ON CONFLICT ON CONSTRAINT outbox_deliveries_pkey DO UPDATE
            SET sent_at = NULL, dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL, claimed_by = NULL,
                key = excluded.key, waiting = @extschema@.outbox_waits_for_key(d.endpoint, excluded.key, d.event_id)
          WHERE NOT (d.sent_at IS NULL AND d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now())
-        RETURNING d.key, d.waiting
+        RETURNING d.event_id, d.key, d.waiting
     ), arrived AS (
         INSERT INTO @extschema@.outbox_key_arrivals (endpoint, key)
         SELECT DISTINCT outbox_replay.endpoint, replayed.key FROM replayed WHERE replayed.waiting
+    ), routed AS (
+        -- The events this statement gave a delivery, not those a later snapshot would match.
+        DELETE FROM @extschema@.outbox_unrouted AS u
+         USING replayed
+         WHERE u.event_id = replayed.event_id
     )
     SELECT count(*) INTO replayed FROM replayed;
-    DELETE FROM @extschema@.outbox_unrouted AS u
-     USING @extschema@.outbox AS o
-     WHERE o.id = u.event_id
-       AND o.created_at >= since AND o.created_at < until
-       AND patterns OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(o.topic);
     RETURN replayed;
 END
 $$;

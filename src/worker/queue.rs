@@ -66,6 +66,7 @@ pub struct Queries {
     disable_failing_endpoints: String,
     load_endpoints: String,
     delete_expired: String,
+    delete_emptied_events: String,
     uncount_abandoned: String,
 }
 
@@ -100,6 +101,7 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
         disable_failing_endpoints: installation.qualify(include_str!("../../sql/disable_failing_endpoints.sql")),
         load_endpoints: installation.qualify(include_str!("../../sql/load_endpoints.sql")),
         delete_expired: installation.qualify(include_str!("../../sql/delete_expired.sql")),
+        delete_emptied_events: installation.qualify(include_str!("../../sql/delete_emptied_events.sql")),
         uncount_abandoned: installation.qualify(include_str!("../../sql/uncount_abandoned.sql")),
         installation,
     })
@@ -368,7 +370,11 @@ pub fn delete_expired(queries: &Queries, retention: Duration, limit: usize) -> R
     transaction::run(|| {
         Spi::connect_mut(|client| {
             let args = [millis(retention).into(), (limit as i64).into()];
-            let deleted = client.update(queries.delete_expired.as_str(), None, &args)?.first().get_one::<i64>()?;
+            let (deleted, events) = client.update(queries.delete_expired.as_str(), None, &args)?.first().get_two::<i64, Vec<i64>>()?;
+            let events = events.unwrap_or_default();
+            if !events.is_empty() {
+                client.update(queries.delete_emptied_events.as_str(), None, &[events.into()])?;
+            }
             Ok(deleted.unwrap_or(0) as usize)
         })
     })
