@@ -179,3 +179,17 @@ fn every_database_with_the_extension_is_served_and_one_dropped_or_renamed_mid_ru
     }
     db.wait_for("no relay worker left in the dropped databases", WAIT, |db| relays_per_database(db).is_empty());
 }
+
+#[test]
+fn create_extension_refuses_a_database_that_is_not_utf8() {
+    let mut db = db();
+    db.execute("DROP DATABASE IF EXISTS outbox_latin1");
+    db.execute("CREATE DATABASE outbox_latin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
+    let mut latin1 = db.connect("outbox_latin1", "postgres");
+    let error = latin1.batch_execute("CREATE EXTENSION outbox_ext").expect_err("a LATIN1 database");
+    let error = error.as_db_error().unwrap_or_else(|| panic!("{error}"));
+    assert_eq!(error.code(), &postgres::error::SqlState::FEATURE_NOT_SUPPORTED, "{error}");
+    assert_eq!(error.message(), "outbox_ext needs a database whose encoding is UTF8; this one is LATIN1");
+    drop(latin1);
+    db.execute("DROP DATABASE outbox_latin1 WITH (FORCE)");
+}

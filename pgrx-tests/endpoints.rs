@@ -350,6 +350,28 @@ fn a_replay_that_waited_for_a_drop_of_its_endpoint_fails_and_writes_nothing() {
     );
 }
 
+#[test]
+fn an_endpoint_drop_held_up_by_an_open_enqueue_gives_up_after_2_s_and_changes_nothing() {
+    let mut db = db();
+    db.execute("SELECT outbox_endpoint_set('gone', NULL, '{*}', kind => 'pull')");
+    let mut producer = db.connect("pgrx_tests", "postgres");
+    producer.batch_execute("BEGIN; SELECT outbox_enqueue('order.placed', '{}')").unwrap();
+    let mut operator = db.connect("pgrx_tests", "postgres");
+    // Without the 2 s limit the drop would wait for the producer (and every new enqueue, claim
+    // and ack behind it); this bounds the test instead.
+    operator.batch_execute("SET statement_timeout = '20s'").unwrap();
+    let started = Instant::now();
+    let error = operator.batch_execute("SELECT outbox_endpoint_drop('gone')").expect_err("a drop behind an open transaction gives up");
+    let waited = started.elapsed();
+    let error = error.as_db_error().unwrap_or_else(|| panic!("{error}"));
+    assert_eq!(error.code(), &postgres::error::SqlState::LOCK_NOT_AVAILABLE, "{error}");
+    assert!(error.message().starts_with("outbox_endpoint_drop: waited 2 s"), "{error}");
+    assert!(waited < Duration::from_secs(10), "gave up after {waited:?}");
+    producer.batch_execute("COMMIT").unwrap();
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_deliveries WHERE endpoint = 'gone'"), 1, "the endpoint and its deliveries stay");
+    db.execute("SELECT outbox_endpoint_drop('gone')");
+}
+
 /// Enqueues (with `key`, if any) in a transaction of `isolation` whose snapshot was taken before `db`
 /// ran `change`: the event's id, committed, or the SQLSTATE it failed with, rolled back.
 fn enqueue_after(

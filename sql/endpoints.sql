@@ -118,7 +118,7 @@ BEGIN
     -- enqueue in a REPEATABLE READ transaction locks the rows of the endpoints it routed to.
     SELECT e.ordered INTO was_ordered FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_set.name;
     IF was_ordered AND NOT ordered THEN
-        LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+        PERFORM @extschema@.outbox_hold_deliveries('outbox_endpoint_set');
     END IF;
     -- FOR UPDATE, not FOR NO KEY UPDATE: an enqueue whose snapshot predates this change must
     -- fail to lock the row (sql/hold_routed_endpoints.sql) rather than route by the old state.
@@ -128,7 +128,7 @@ BEGIN
        FOR UPDATE;
     IF was_ordered AND NOT ordered THEN
         -- Made ordered by someone else meanwhile: rare, and the order above is then not kept.
-        LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+        PERFORM @extschema@.outbox_hold_deliveries('outbox_endpoint_set');
     END IF;
     INSERT INTO @extschema@.outbox_endpoints AS e
            (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered, notify)
@@ -146,6 +146,25 @@ BEGIN
         PERFORM @extschema@.outbox_unorder(outbox_endpoint_set.name);
     END IF;
     PERFORM nextval('@extschema@.outbox_endpoints_version');
+END
+$$;
+
+-- Waits for the transactions writing deliveries (enqueues, claims, acks) to end and holds new
+-- ones until the caller commits. Waits 2 s at most: while this waits, every new writer queues
+-- behind it, so a producer's transaction left open must not stall the whole outbox. Nothing
+-- is changed then, and the caller is told to try again.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_hold_deliveries(caller text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
+AS $$
+BEGIN
+    LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION '%: waited 2 s for the transactions writing deliveries to end; nothing was changed', caller
+          USING ERRCODE = 'lock_not_available',
+                HINT = 'Try again. A transaction that enqueued and was left open holds it up: see pg_stat_activity (state ''idle in transaction'').';
 END
 $$;
 
@@ -269,7 +288,7 @@ BEGIN
     -- Waits for the enqueues in progress (which may be routing to this endpoint) and holds
     -- new ones until this commits: no delivery is left behind for an endpoint that is gone.
     -- Before the endpoint's row, as outbox_endpoint_set takes them.
-    LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+    PERFORM @extschema@.outbox_hold_deliveries('outbox_endpoint_drop');
     PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_drop');
     WITH dropped AS (
         DELETE FROM @extschema@.outbox_deliveries AS d
@@ -292,6 +311,7 @@ $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_lock(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_hold_deliveries(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_rotate_secret(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_disable(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_enable(text) FROM PUBLIC;

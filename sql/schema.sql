@@ -1,5 +1,17 @@
 -- outbox_ext schema. Objects live in the extension's schema (CREATE EXTENSION ... SCHEMA x).
 
+-- The relay sends payloads as UTF-8 JSON and reads every text it sends as UTF-8: in a database
+-- of another encoding it would stop at the first event with a non-ASCII character.
+DO $$
+BEGIN
+    IF pg_catalog.getdatabaseencoding() OPERATOR(pg_catalog.<>) 'UTF8' THEN
+        RAISE EXCEPTION 'outbox_ext needs a database whose encoding is UTF8; this one is %', pg_catalog.getdatabaseencoding()
+              USING ERRCODE = 'feature_not_supported',
+                    HINT = 'Install it in a database created with ENCODING ''UTF8''.';
+    END IF;
+END
+$$;
+
 -- One row per event, written once by outbox_enqueue(). Where it goes and how far it got is in
 -- outbox_deliveries (sql/deliveries.sql).
 CREATE TABLE outbox (
