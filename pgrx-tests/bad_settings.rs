@@ -14,9 +14,20 @@ fn unusable_settings_deliver_nothing_lose_nothing_and_crash_nothing() {
         ids.push(db.enqueue("kept", "{}")); // its commit wakes the workers
     }
     assert_eq!(db.worker_pids(), pids, "no worker crashed or restarted");
+    // The endpoint's health says why, as outbox_endpoint_stats() and the alerts read it.
+    wait_until("the endpoint is failing", Duration::from_secs(10), || {
+        db.value::<bool>("SELECT failing_since IS NOT NULL FROM outbox_endpoints WHERE name = 'default'")
+    });
+    wait_until("its last error is the reason", Duration::from_secs(10), || {
+        db.value::<Option<String>>("SELECT last_error FROM outbox_endpoints WHERE name = 'default'").as_deref()
+            == Some("cannot be sent to: it has no URL: set outbox.webhook_url, or the url of the endpoint default")
+    });
 
     db.configure(&[("outbox.webhook_url", &receiver.url)]);
     wait_until("everything kept is delivered once the settings are fixed", Duration::from_secs(10), || db.count("sent_at IS NULL") == 0);
+    wait_until("the endpoint is healthy again", Duration::from_secs(10), || {
+        db.value::<bool>("SELECT failing_since IS NULL FROM outbox_endpoints WHERE name = 'default'")
+    });
     for id in ids {
         // A claim under the unusable settings would have counted an attempt (and leased the
         // row for 30 s, past the wait above).

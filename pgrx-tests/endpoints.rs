@@ -75,6 +75,11 @@ fn endpoint_management_rejects_bad_input_with_class_22_and_changes_nothing() {
         ("'e', 'ftp://user:hunter2@127.0.0.1/'", "http:// or https://"),
         ("'e', 'http://127.0.0.1/a b'", "without spaces"),
         ("'e', 'https://'", "http:// or https://"),
+        ("'e', 'http://127.0.0.1:99999/'", "from 1 to 65535"),
+        ("'e', 'http://127.0.0.1:0/'", "from 1 to 65535"),
+        ("'e', 'http://127.0.0.1:abc/'", "from 1 to 65535"),
+        ("'e', 'http://[::1/'", "with a host"),
+        ("'e', 'http://:8080/'", "with a host"),
         ("'e', NULL", "needs a url"),
         ("'e', 'http://127.0.0.1/', '{}'", "at least one pattern"),
         ("'e', 'http://127.0.0.1/', NULL", "at least one pattern"),
@@ -89,7 +94,10 @@ fn endpoint_management_rejects_bad_input_with_class_22_and_changes_nothing() {
         ("'e', 'http://127.0.0.1/', headers => '{\"Webhook-Id\": \"1\"}'", "set by the relay"),
         ("'e', 'http://127.0.0.1/', headers => '{\"content-type\": \"text/plain\"}'", "set by the relay"),
         ("'e', 'http://127.0.0.1/', headers => '{\"bad header\": \"v\"}'", "not an HTTP header name"),
-        ("'e', 'http://127.0.0.1/', timeout => '0 s'", "timeout must be positive"),
+        ("'e', 'http://127.0.0.1/', headers => '{\"X-A\": \"1\", \"x-a\": \"2\"}'", "named twice"),
+        ("'e', 'http://127.0.0.1/', headers => '{\"User-Agent\": \"mine\"}'", "set by the relay"),
+        ("'e', 'http://127.0.0.1/', timeout => '0 s'", "timeout must be from 10 milliseconds"),
+        ("'e', 'http://127.0.0.1/', timeout => '1 microsecond'", "timeout must be from 10 milliseconds"),
         ("'e', 'http://127.0.0.1/', max_attempts => 0", "max_attempts must be"),
         ("'e', 'http://127.0.0.1/', max_in_flight => -1", "max_in_flight must be"),
     ]
@@ -114,6 +122,8 @@ fn endpoint_management_rejects_bad_input_with_class_22_and_changes_nothing() {
         ("SELECT outbox_endpoint_enable('missing')".to_string(), "does not exist"),
         ("SELECT outbox_endpoint_drop('missing')".to_string(), "does not exist"),
         ("SELECT outbox_replay('missing', now())".to_string(), "does not exist"),
+        ("SELECT outbox_requeue(1, 'missing')".to_string(), "outbox_requeue: endpoint 'missing' does not exist"),
+        ("SELECT outbox_endpoint_rotate_secret('default', NULL, NULL)".to_string(), "grace must be zero or positive, not NULL"),
     ])
     .collect();
     let before: String =
@@ -125,9 +135,20 @@ fn endpoint_management_rejects_bad_input_with_class_22_and_changes_nothing() {
         assert!(error.message().contains(message), "{sql}: {:?} should say {message:?}", error.message());
         assert!(!error.message().contains("hunter2"), "{sql}: the error repeats a credential: {}", error.message());
     }
+    for sql in ["SELECT outbox_mark_processed(NULL)", "SELECT outbox_mark_processed(1, NULL)", "SELECT outbox_skip(NULL, NULL)"] {
+        let error = db.client.batch_execute(sql).expect_err(sql);
+        let error = error.as_db_error().unwrap_or_else(|| panic!("{sql}: {error}"));
+        assert_eq!(error.code().code(), "22004", "{sql}: {}", error.message());
+        assert!(error.message().ends_with("must not be null"), "{sql}: {}", error.message());
+    }
     let after: String =
         db.value("SELECT (SELECT jsonb_agg(e) FROM outbox_endpoints e)::text || (SELECT count(*) FROM outbox_endpoint_secrets)");
     assert_eq!(after, before, "nothing changed");
+    // What the stricter URL check still takes.
+    for url in ["http://user:pw@127.0.0.1:8080/hook?a=1#f", "https://[::1]:8443/hook", "http://localhost", "https://example.com:443"] {
+        db.execute(&format!("SELECT outbox_endpoint_set('ok', '{url}')"));
+    }
+    db.execute("SELECT outbox_endpoint_drop('ok')");
 }
 
 #[test]
@@ -368,7 +389,11 @@ fn an_endpoint_drop_held_up_by_an_open_enqueue_gives_up_after_2_s_and_changes_no
     assert!(error.message().starts_with("outbox_endpoint_drop: waited 2 s"), "{error}");
     assert!(waited < Duration::from_secs(10), "gave up after {waited:?}");
     producer.batch_execute("COMMIT").unwrap();
-    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_deliveries WHERE endpoint = 'gone'"), 1, "the endpoint and its deliveries stay");
+    assert_eq!(
+        db.value::<i64>("SELECT count(*) FROM outbox_deliveries WHERE endpoint = 'gone'"),
+        1,
+        "the endpoint and its deliveries stay"
+    );
     db.execute("SELECT outbox_endpoint_drop('gone')");
 }
 

@@ -89,6 +89,10 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF event_id IS NULL OR consumer IS NULL THEN
+        RAISE EXCEPTION 'outbox_mark_processed: event_id and consumer must not be null'
+              USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     INSERT INTO @extschema@.processed_events (consumer, event_id)
     VALUES (outbox_mark_processed.consumer, outbox_mark_processed.event_id)
     ON CONFLICT DO NOTHING;
@@ -104,10 +108,17 @@ $$;
 -- right now (claimed, lease running, no failure recorded yet): its request may be in flight.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_requeue(event_id bigint, endpoint text DEFAULT NULL)
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    how_many integer;
+BEGIN
+    IF $2 IS NOT NULL AND NOT EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = $2) THEN
+        RAISE EXCEPTION 'outbox_requeue: endpoint % does not exist', quote_literal($2)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     WITH requeued AS (
         UPDATE @extschema@.outbox_deliveries AS d
            SET dead_at = NULL, attempts = 0, available_at = now(), claimed_by = NULL,
@@ -121,7 +132,9 @@ AS $$
         INSERT INTO @extschema@.outbox_key_arrivals (endpoint, key)
         SELECT requeued.endpoint, requeued.key FROM requeued WHERE requeued.waiting
     )
-    SELECT count(*)::integer FROM requeued
+    SELECT count(*)::integer INTO how_many FROM requeued;
+    RETURN how_many;
+END
 $$;
 
 -- Delivers again every retained event created in [since, until) whose topic the endpoint
@@ -192,10 +205,10 @@ CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_stats(
     OUT pending bigint,
     OUT waiting bigint,
     OUT dead bigint,
-    OUT blocked_keys bigint,
     OUT oldest_pending_age interval,
     OUT failing_since timestamptz,
-    OUT disabled_at timestamptz)
+    OUT disabled_at timestamptz,
+    OUT blocked_keys bigint)
 RETURNS SETOF record
 LANGUAGE sql
 STABLE
@@ -230,10 +243,10 @@ AS $$
            coalesce(b.behind, 0)
              + CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0) ELSE coalesce(q.due, 0) + coalesce(q.later, 0) END,
            coalesce(x.dead, 0),
-           coalesce(x.blocked_keys, 0),
            CASE WHEN e.disabled_at IS NULL THEN now() - q.oldest_due END,
            e.failing_since,
-           e.disabled_at
+           e.disabled_at,
+           coalesce(x.blocked_keys, 0)
       FROM @extschema@.outbox_endpoints AS e
       LEFT JOIN queued AS q ON q.endpoint = e.name
       LEFT JOIN behind AS b ON b.endpoint = e.name

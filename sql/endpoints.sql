@@ -42,8 +42,11 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_set: a webhook endpoint needs a url'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF url IS NOT NULL AND (octet_length(url) > 2048 OR url !~ '^https?://[^/?#[:space:][:cntrl:]]+([/?#][^[:space:][:cntrl:]]*)?$') THEN
-        RAISE EXCEPTION 'outbox_endpoint_set: url must be an http:// or https:// URL of at most 2048 bytes, without spaces'
+    -- scheme, [userinfo@], host name or [IPv6 address], [:port], [path, query, fragment]
+    IF url IS NOT NULL AND (octet_length(url) > 2048
+        OR url !~ '^https?://([^/?#@[:space:][:cntrl:]]*@)?(\[[0-9A-Fa-f:.]+\]|[^][/?#:@[:space:][:cntrl:]]+)(:[0-9]{1,5})?([/?#][^[:space:][:cntrl:]]*)?$'
+        OR substring(url FROM '^https?://(?:[^/?#@]*@)?(?:\[[^]]*\]|[^/?#:@]+):([0-9]{1,5})')::integer NOT BETWEEN 1 AND 65535) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: url must be an http:// or https:// URL of at most 2048 bytes, with a host, a port (if any) from 1 to 65535, and without spaces'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF topics IS NULL OR cardinality(topics) = 0 THEN
@@ -61,13 +64,17 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_set: headers must be a JSON object of strings, like {"authorization": "Bearer ..."}'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF (SELECT count(DISTINCT lower(h.key)) <> count(*) FROM jsonb_object_keys(headers) AS h (key)) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: a header is named twice (header names are compared without case)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     FOR header IN SELECT h.key, h.value FROM jsonb_each(headers) AS h LOOP
         IF header.key !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,64}$' THEN
             RAISE EXCEPTION 'outbox_endpoint_set: % is not an HTTP header name', quote_literal(left(header.key, 64))
                   USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF lower(header.key) LIKE 'webhook-%'
-           OR lower(header.key) IN ('content-type', 'content-length', 'transfer-encoding', 'host', 'connection') THEN
+           OR lower(header.key) IN ('content-type', 'content-length', 'transfer-encoding', 'host', 'connection', 'user-agent') THEN
             RAISE EXCEPTION 'outbox_endpoint_set: header % is set by the relay and cannot be overridden', quote_literal(header.key)
                   USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -77,8 +84,9 @@ BEGIN
                   USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END LOOP;
-    IF timeout <= interval '0' OR timeout > interval '1 hour' THEN
-        RAISE EXCEPTION 'outbox_endpoint_set: timeout must be positive and at most 1 hour'
+    -- The bounds of outbox.http_timeout.
+    IF timeout < interval '10 milliseconds' OR timeout > interval '1 hour' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: timeout must be from 10 milliseconds to 1 hour'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF max_attempts NOT BETWEEN 1 AND 1000 THEN
@@ -208,7 +216,7 @@ BEGIN
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF grace IS NULL OR grace < interval '0' THEN
-        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: grace must be zero or positive'
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: grace must be zero or positive, not %', quote_nullable(grace)
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF secret IS NULL THEN

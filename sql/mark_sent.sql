@@ -1,5 +1,5 @@
 -- Record acknowledged deliveries ($1 endpoints, $2 event ids, pairwise). sent_at is written
--- here (and, for pull endpoints, by outbox_ack_batch); a delivery that another claimer already
+-- here (and, for pull endpoints, by outbox_ack_claims); a delivery that another claimer already
 -- marked keeps its first sent_at. The same statement counts them, notes each endpoint's
 -- success and moves ordered keys on, as a consumer's ack does (sql/pull.sql).
 -- $3 is the extension the deliveries were claimed from: if it was dropped and created again

@@ -85,7 +85,7 @@ $$;
 -- next waiting delivery of each becomes claimable when this transaction commits. One not
 -- committed yet is found by outbox_sequence later (head is left null for it). Deliveries that
 -- are not their key's head change nothing. Returns how many deliveries it made claimable.
--- Called in the acknowledging transaction (by sql/mark_sent.sql, outbox_ack_batch and
+-- Called in the acknowledging transaction (by sql/mark_sent.sql, outbox_ack_claims and
 -- outbox_skip).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_release_keys(endpoint text, event_ids bigint[], keys text[])
 RETURNS integer
@@ -131,6 +131,10 @@ AS $$
 DECLARE
     skipped @extschema@.outbox_deliveries;
 BEGIN
+    IF event_id IS NULL OR endpoint IS NULL THEN
+        RAISE EXCEPTION 'outbox_skip: event_id and endpoint must not be null'
+              USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     SELECT * INTO skipped
       FROM @extschema@.outbox_deliveries AS d
      WHERE d.endpoint = outbox_skip.endpoint AND d.event_id = outbox_skip.event_id

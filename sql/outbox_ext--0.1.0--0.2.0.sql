@@ -320,7 +320,7 @@ $$;
 -- next waiting delivery of each becomes claimable when this transaction commits. One not
 -- committed yet is found by outbox_sequence later (head is left null for it). Deliveries that
 -- are not their key's head change nothing. Returns how many deliveries it made claimable.
--- Called in the acknowledging transaction (by sql/mark_sent.sql, outbox_ack_batch and
+-- Called in the acknowledging transaction (by sql/mark_sent.sql, outbox_ack_claims and
 -- outbox_skip).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_release_keys(endpoint text, event_ids bigint[], keys text[])
 RETURNS integer
@@ -366,6 +366,10 @@ AS $$
 DECLARE
     skipped @extschema@.outbox_deliveries;
 BEGIN
+    IF event_id IS NULL OR endpoint IS NULL THEN
+        RAISE EXCEPTION 'outbox_skip: event_id and endpoint must not be null'
+              USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     SELECT * INTO skipped
       FROM @extschema@.outbox_deliveries AS d
      WHERE d.endpoint = outbox_skip.endpoint AND d.event_id = outbox_skip.event_id
@@ -518,6 +522,10 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF event_id IS NULL OR consumer IS NULL THEN
+        RAISE EXCEPTION 'outbox_mark_processed: event_id and consumer must not be null'
+              USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     INSERT INTO @extschema@.processed_events (consumer, event_id)
     VALUES (outbox_mark_processed.consumer, outbox_mark_processed.event_id)
     ON CONFLICT DO NOTHING;
@@ -533,10 +541,17 @@ $$;
 -- right now (claimed, lease running, no failure recorded yet): its request may be in flight.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_requeue(event_id bigint, endpoint text DEFAULT NULL)
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    how_many integer;
+BEGIN
+    IF $2 IS NOT NULL AND NOT EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = $2) THEN
+        RAISE EXCEPTION 'outbox_requeue: endpoint % does not exist', quote_literal($2)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     WITH requeued AS (
         UPDATE @extschema@.outbox_deliveries AS d
            SET dead_at = NULL, attempts = 0, available_at = now(), claimed_by = NULL,
@@ -550,7 +565,9 @@ AS $$
         INSERT INTO @extschema@.outbox_key_arrivals (endpoint, key)
         SELECT requeued.endpoint, requeued.key FROM requeued WHERE requeued.waiting
     )
-    SELECT count(*)::integer FROM requeued
+    SELECT count(*)::integer INTO how_many FROM requeued;
+    RETURN how_many;
+END
 $$;
 
 -- Delivers again every retained event created in [since, until) whose topic the endpoint
@@ -621,10 +638,10 @@ CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_stats(
     OUT pending bigint,
     OUT waiting bigint,
     OUT dead bigint,
-    OUT blocked_keys bigint,
     OUT oldest_pending_age interval,
     OUT failing_since timestamptz,
-    OUT disabled_at timestamptz)
+    OUT disabled_at timestamptz,
+    OUT blocked_keys bigint)
 RETURNS SETOF record
 LANGUAGE sql
 STABLE
@@ -659,10 +676,10 @@ AS $$
            coalesce(b.behind, 0)
              + CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0) ELSE coalesce(q.due, 0) + coalesce(q.later, 0) END,
            coalesce(x.dead, 0),
-           coalesce(x.blocked_keys, 0),
            CASE WHEN e.disabled_at IS NULL THEN now() - q.oldest_due END,
            e.failing_since,
-           e.disabled_at
+           e.disabled_at,
+           coalesce(x.blocked_keys, 0)
       FROM @extschema@.outbox_endpoints AS e
       LEFT JOIN queued AS q ON q.endpoint = e.name
       LEFT JOIN behind AS b ON b.endpoint = e.name
@@ -748,8 +765,11 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_set: a webhook endpoint needs a url'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF url IS NOT NULL AND (octet_length(url) > 2048 OR url !~ '^https?://[^/?#[:space:][:cntrl:]]+([/?#][^[:space:][:cntrl:]]*)?$') THEN
-        RAISE EXCEPTION 'outbox_endpoint_set: url must be an http:// or https:// URL of at most 2048 bytes, without spaces'
+    -- scheme, [userinfo@], host name or [IPv6 address], [:port], [path, query, fragment]
+    IF url IS NOT NULL AND (octet_length(url) > 2048
+        OR url !~ '^https?://([^/?#@[:space:][:cntrl:]]*@)?(\[[0-9A-Fa-f:.]+\]|[^][/?#:@[:space:][:cntrl:]]+)(:[0-9]{1,5})?([/?#][^[:space:][:cntrl:]]*)?$'
+        OR substring(url FROM '^https?://(?:[^/?#@]*@)?(?:\[[^]]*\]|[^/?#:@]+):([0-9]{1,5})')::integer NOT BETWEEN 1 AND 65535) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: url must be an http:// or https:// URL of at most 2048 bytes, with a host, a port (if any) from 1 to 65535, and without spaces'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF topics IS NULL OR cardinality(topics) = 0 THEN
@@ -767,13 +787,17 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_set: headers must be a JSON object of strings, like {"authorization": "Bearer ..."}'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF (SELECT count(DISTINCT lower(h.key)) <> count(*) FROM jsonb_object_keys(headers) AS h (key)) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: a header is named twice (header names are compared without case)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     FOR header IN SELECT h.key, h.value FROM jsonb_each(headers) AS h LOOP
         IF header.key !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,64}$' THEN
             RAISE EXCEPTION 'outbox_endpoint_set: % is not an HTTP header name', quote_literal(left(header.key, 64))
                   USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF lower(header.key) LIKE 'webhook-%'
-           OR lower(header.key) IN ('content-type', 'content-length', 'transfer-encoding', 'host', 'connection') THEN
+           OR lower(header.key) IN ('content-type', 'content-length', 'transfer-encoding', 'host', 'connection', 'user-agent') THEN
             RAISE EXCEPTION 'outbox_endpoint_set: header % is set by the relay and cannot be overridden', quote_literal(header.key)
                   USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -783,8 +807,9 @@ BEGIN
                   USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END LOOP;
-    IF timeout <= interval '0' OR timeout > interval '1 hour' THEN
-        RAISE EXCEPTION 'outbox_endpoint_set: timeout must be positive and at most 1 hour'
+    -- The bounds of outbox.http_timeout.
+    IF timeout < interval '10 milliseconds' OR timeout > interval '1 hour' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: timeout must be from 10 milliseconds to 1 hour'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF max_attempts NOT BETWEEN 1 AND 1000 THEN
@@ -914,7 +939,7 @@ BEGIN
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF grace IS NULL OR grace < interval '0' THEN
-        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: grace must be zero or positive'
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: grace must be zero or positive, not %', quote_nullable(grace)
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF secret IS NULL THEN
@@ -1105,8 +1130,9 @@ BEGIN
 END
 $$;
 
--- Marks claimed deliveries sent, each named by its event id and the attempt its claim returned
--- (event_ids and attempts pairwise): a consumer that handled a batch acks it in one call.
+-- outbox_ack_batch and outbox_ack, which name themselves in its errors (caller). It marks claimed
+-- deliveries sent, each named by its event id and the attempt its claim returned (event_ids
+-- and attempts pairwise).
 -- Returns the ids whose attempt is the current claim, or already sent the delivery (a
 -- repeated ack is answered as the first was); the others were claimed again, nacked,
 -- requeued or dropped since, and nothing of them changes.
@@ -1117,10 +1143,9 @@ $$;
 -- number of ids; with table scans ruled out, no plan made while the tables were nearly
 -- empty (after CREATE EXTENSION or a TRUNCATE) reads them whole once they have grown, and
 -- with JIT off, no plan is compiled for the cost that ruling them out adds.
-CREATE OR REPLACE FUNCTION @extschema@.outbox_ack_batch(endpoint text, event_ids bigint[], attempts integer[])
+CREATE OR REPLACE FUNCTION @extschema@.outbox_ack_claims(endpoint text, event_ids bigint[], attempts integer[], caller text)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
@@ -1132,15 +1157,15 @@ DECLARE
     ordered_keys text[];
 BEGIN
     IF event_ids IS NULL OR attempts IS NULL OR cardinality(event_ids) <> cardinality(attempts) THEN
-        RAISE EXCEPTION 'outbox_ack_batch: event_ids and attempts must be arrays of the same length'
+        RAISE EXCEPTION '%: event_ids and attempts must be arrays of the same length', caller
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     WITH sent AS (
         UPDATE @extschema@.outbox_deliveries AS d
            SET sent_at = now(), claimed_by = NULL, waiting = false
-          FROM unnest(outbox_ack_batch.event_ids, outbox_ack_batch.attempts) AS a (event_id, attempt)
-         WHERE d.endpoint = outbox_ack_batch.endpoint
-           AND d.event_id = ANY (outbox_ack_batch.event_ids)
+          FROM unnest(outbox_ack_claims.event_ids, outbox_ack_claims.attempts) AS a (event_id, attempt)
+         WHERE d.endpoint = outbox_ack_claims.endpoint
+           AND d.event_id = ANY (outbox_ack_claims.event_ids)
            AND d.event_id = a.event_id
            AND d.attempts = a.attempt
            AND d.claimed_by IS NOT NULL
@@ -1153,28 +1178,40 @@ BEGIN
       INTO acked, ordered_ids, ordered_keys
       FROM sent;
     IF acked > 0 THEN
-        PERFORM @extschema@.outbox_note_acked(outbox_ack_batch.endpoint, acked);
+        PERFORM @extschema@.outbox_note_acked(outbox_ack_claims.endpoint, acked);
     END IF;
     IF ordered_ids IS NOT NULL THEN
-        PERFORM @extschema@.outbox_release_keys(outbox_ack_batch.endpoint, ordered_ids, ordered_keys);
+        PERFORM @extschema@.outbox_release_keys(outbox_ack_claims.endpoint, ordered_ids, ordered_keys);
     END IF;
-    IF acked > 0 AND acked = cardinality(outbox_ack_batch.event_ids) THEN
-        RETURN QUERY SELECT unnest(outbox_ack_batch.event_ids);
+    IF acked > 0 AND acked = cardinality(outbox_ack_claims.event_ids) THEN
+        RETURN QUERY SELECT unnest(outbox_ack_claims.event_ids);
         RETURN;
     END IF;
-    PERFORM @extschema@.outbox_pull_endpoint(outbox_ack_batch.endpoint, 'outbox_ack_batch');
+    PERFORM @extschema@.outbox_pull_endpoint(outbox_ack_claims.endpoint, caller);
     -- OFFSET 0 keeps the test of sent_at out of the scan: it would let the planner read the
     -- partial index of every sent delivery instead of looking the ids up.
     RETURN QUERY
     SELECT DISTINCT named.event_id
       FROM (SELECT d.event_id, d.sent_at
-              FROM unnest(outbox_ack_batch.event_ids, outbox_ack_batch.attempts) AS a (event_id, attempt)
+              FROM unnest(outbox_ack_claims.event_ids, outbox_ack_claims.attempts) AS a (event_id, attempt)
               JOIN @extschema@.outbox_deliveries AS d
-                ON d.endpoint = outbox_ack_batch.endpoint AND d.event_id = a.event_id AND d.attempts = a.attempt
-             WHERE d.event_id = ANY (outbox_ack_batch.event_ids)
+                ON d.endpoint = outbox_ack_claims.endpoint AND d.event_id = a.event_id AND d.attempts = a.attempt
+             WHERE d.event_id = ANY (outbox_ack_claims.event_ids)
             OFFSET 0) AS named
      WHERE named.sent_at IS NOT NULL;
 END
+$$;
+
+
+-- Marks claimed deliveries sent (outbox_ack_claims above): a consumer that handled a batch
+-- acks it in one call, and gets back the ids it acked.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_ack_batch(endpoint text, event_ids bigint[], attempts integer[])
+RETURNS SETOF bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM @extschema@.outbox_ack_claims($1, $2, $3, 'outbox_ack_batch')
 $$;
 
 -- The same for one delivery: true if its attempt is the current claim (or sent the delivery).
@@ -1186,13 +1223,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN EXISTS (SELECT FROM @extschema@.outbox_ack_batch(outbox_ack.endpoint, ARRAY[outbox_ack.event_id], ARRAY[outbox_ack.attempt]));
+    RETURN EXISTS (SELECT FROM @extschema@.outbox_ack_claims(outbox_ack.endpoint, ARRAY[outbox_ack.event_id], ARRAY[outbox_ack.attempt], 'outbox_ack'));
 END
 $$;
 
 -- Acknowledged deliveries of an endpoint, counted for outbox_stats().sent in this session's
 -- shard, and the endpoint's success noted at most once a second, skipping its row if someone
--- else is changing it right now. Called by outbox_ack_batch and by the relay workers
+-- else is changing it right now. Called by outbox_ack_claims and by the relay workers
 -- (sql/mark_sent.sql), under a pinned search_path and the owner's rights.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_note_acked(endpoint text, acked bigint)
 RETURNS void
@@ -1339,6 +1376,7 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_claim(text, integer, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_ack_claims(text, bigint[], integer[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_ack_batch(text, bigint[], integer[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_ack(text, bigint, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_nack(text, bigint, integer, text, interval) FROM PUBLIC;

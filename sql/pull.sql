@@ -81,8 +81,9 @@ BEGIN
 END
 $$;
 
--- Marks claimed deliveries sent, each named by its event id and the attempt its claim returned
--- (event_ids and attempts pairwise): a consumer that handled a batch acks it in one call.
+-- outbox_ack_batch and outbox_ack, which name themselves in its errors (caller). It marks claimed
+-- deliveries sent, each named by its event id and the attempt its claim returned (event_ids
+-- and attempts pairwise).
 -- Returns the ids whose attempt is the current claim, or already sent the delivery (a
 -- repeated ack is answered as the first was); the others were claimed again, nacked,
 -- requeued or dropped since, and nothing of them changes.
@@ -93,10 +94,9 @@ $$;
 -- number of ids; with table scans ruled out, no plan made while the tables were nearly
 -- empty (after CREATE EXTENSION or a TRUNCATE) reads them whole once they have grown, and
 -- with JIT off, no plan is compiled for the cost that ruling them out adds.
-CREATE OR REPLACE FUNCTION @extschema@.outbox_ack_batch(endpoint text, event_ids bigint[], attempts integer[])
+CREATE OR REPLACE FUNCTION @extschema@.outbox_ack_claims(endpoint text, event_ids bigint[], attempts integer[], caller text)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
@@ -108,15 +108,15 @@ DECLARE
     ordered_keys text[];
 BEGIN
     IF event_ids IS NULL OR attempts IS NULL OR cardinality(event_ids) <> cardinality(attempts) THEN
-        RAISE EXCEPTION 'outbox_ack_batch: event_ids and attempts must be arrays of the same length'
+        RAISE EXCEPTION '%: event_ids and attempts must be arrays of the same length', caller
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     WITH sent AS (
         UPDATE @extschema@.outbox_deliveries AS d
            SET sent_at = now(), claimed_by = NULL, waiting = false
-          FROM unnest(outbox_ack_batch.event_ids, outbox_ack_batch.attempts) AS a (event_id, attempt)
-         WHERE d.endpoint = outbox_ack_batch.endpoint
-           AND d.event_id = ANY (outbox_ack_batch.event_ids)
+          FROM unnest(outbox_ack_claims.event_ids, outbox_ack_claims.attempts) AS a (event_id, attempt)
+         WHERE d.endpoint = outbox_ack_claims.endpoint
+           AND d.event_id = ANY (outbox_ack_claims.event_ids)
            AND d.event_id = a.event_id
            AND d.attempts = a.attempt
            AND d.claimed_by IS NOT NULL
@@ -129,28 +129,40 @@ BEGIN
       INTO acked, ordered_ids, ordered_keys
       FROM sent;
     IF acked > 0 THEN
-        PERFORM @extschema@.outbox_note_acked(outbox_ack_batch.endpoint, acked);
+        PERFORM @extschema@.outbox_note_acked(outbox_ack_claims.endpoint, acked);
     END IF;
     IF ordered_ids IS NOT NULL THEN
-        PERFORM @extschema@.outbox_release_keys(outbox_ack_batch.endpoint, ordered_ids, ordered_keys);
+        PERFORM @extschema@.outbox_release_keys(outbox_ack_claims.endpoint, ordered_ids, ordered_keys);
     END IF;
-    IF acked > 0 AND acked = cardinality(outbox_ack_batch.event_ids) THEN
-        RETURN QUERY SELECT unnest(outbox_ack_batch.event_ids);
+    IF acked > 0 AND acked = cardinality(outbox_ack_claims.event_ids) THEN
+        RETURN QUERY SELECT unnest(outbox_ack_claims.event_ids);
         RETURN;
     END IF;
-    PERFORM @extschema@.outbox_pull_endpoint(outbox_ack_batch.endpoint, 'outbox_ack_batch');
+    PERFORM @extschema@.outbox_pull_endpoint(outbox_ack_claims.endpoint, caller);
     -- OFFSET 0 keeps the test of sent_at out of the scan: it would let the planner read the
     -- partial index of every sent delivery instead of looking the ids up.
     RETURN QUERY
     SELECT DISTINCT named.event_id
       FROM (SELECT d.event_id, d.sent_at
-              FROM unnest(outbox_ack_batch.event_ids, outbox_ack_batch.attempts) AS a (event_id, attempt)
+              FROM unnest(outbox_ack_claims.event_ids, outbox_ack_claims.attempts) AS a (event_id, attempt)
               JOIN @extschema@.outbox_deliveries AS d
-                ON d.endpoint = outbox_ack_batch.endpoint AND d.event_id = a.event_id AND d.attempts = a.attempt
-             WHERE d.event_id = ANY (outbox_ack_batch.event_ids)
+                ON d.endpoint = outbox_ack_claims.endpoint AND d.event_id = a.event_id AND d.attempts = a.attempt
+             WHERE d.event_id = ANY (outbox_ack_claims.event_ids)
             OFFSET 0) AS named
      WHERE named.sent_at IS NOT NULL;
 END
+$$;
+
+
+-- Marks claimed deliveries sent (outbox_ack_claims above): a consumer that handled a batch
+-- acks it in one call, and gets back the ids it acked.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_ack_batch(endpoint text, event_ids bigint[], attempts integer[])
+RETURNS SETOF bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM @extschema@.outbox_ack_claims($1, $2, $3, 'outbox_ack_batch')
 $$;
 
 -- The same for one delivery: true if its attempt is the current claim (or sent the delivery).
@@ -162,13 +174,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN EXISTS (SELECT FROM @extschema@.outbox_ack_batch(outbox_ack.endpoint, ARRAY[outbox_ack.event_id], ARRAY[outbox_ack.attempt]));
+    RETURN EXISTS (SELECT FROM @extschema@.outbox_ack_claims(outbox_ack.endpoint, ARRAY[outbox_ack.event_id], ARRAY[outbox_ack.attempt], 'outbox_ack'));
 END
 $$;
 
 -- Acknowledged deliveries of an endpoint, counted for outbox_stats().sent in this session's
 -- shard, and the endpoint's success noted at most once a second, skipping its row if someone
--- else is changing it right now. Called by outbox_ack_batch and by the relay workers
+-- else is changing it right now. Called by outbox_ack_claims and by the relay workers
 -- (sql/mark_sent.sql), under a pinned search_path and the owner's rights.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_note_acked(endpoint text, acked bigint)
 RETURNS void
@@ -315,6 +327,7 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_claim(text, integer, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_ack_claims(text, bigint[], integer[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_ack_batch(text, bigint[], integer[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_ack(text, bigint, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_nack(text, bigint, integer, text, interval) FROM PUBLIC;

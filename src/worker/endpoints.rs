@@ -139,6 +139,18 @@ impl Endpoints {
         self.known.get(name)?.target.as_ref().ok().cloned()
     }
 
+    /// The enabled endpoints of the last read that cannot be sent to, with the reason, as
+    /// their health records it (names, reasons).
+    pub fn unusable(&self) -> (Vec<String>, Vec<String>) {
+        self.active
+            .iter()
+            .filter_map(|name| {
+                let reason = self.known.get(name)?.target.as_ref().err()?;
+                Some((name.to_string(), format!("cannot be sent to: {reason}")))
+            })
+            .unzip()
+    }
+
     /// The attempt cap of an endpoint, or the setting's for one never seen.
     pub fn max_attempts(&self, name: &str, settings: &Settings) -> i32 {
         self.known.get(name).map_or(settings.max_attempts, |endpoint| endpoint.max_attempts)

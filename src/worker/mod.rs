@@ -377,6 +377,12 @@ impl Relay {
                     );
                 }
                 self.endpoints.refresh(rows, version, &self.settings, self.number);
+                let (names, reasons) = self.endpoints.unusable();
+                if !names.is_empty() {
+                    if let Err(e) = queue::note_unusable_endpoints(queries, names, reasons) {
+                        self.failed("recording why endpoints cannot be sent to", e, queries)?;
+                    }
+                }
             }
             Err(e) => self.failed("reading the endpoints", e, queries)?,
         }

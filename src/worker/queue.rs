@@ -65,6 +65,7 @@ pub struct Queries {
     record_failures: OwnedPreparedStatement,
     disable_failing_endpoints: String,
     load_endpoints: String,
+    note_unusable_endpoints: String,
     delete_expired: String,
     delete_emptied_events: String,
     uncount_abandoned: String,
@@ -100,6 +101,7 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
         record_failures,
         disable_failing_endpoints: installation.qualify(include_str!("../../sql/disable_failing_endpoints.sql")),
         load_endpoints: installation.qualify(include_str!("../../sql/load_endpoints.sql")),
+        note_unusable_endpoints: installation.qualify(include_str!("../../sql/note_unusable_endpoints.sql")),
         delete_expired: installation.qualify(include_str!("../../sql/delete_expired.sql")),
         delete_emptied_events: installation.qualify(include_str!("../../sql/delete_emptied_events.sql")),
         uncount_abandoned: installation.qualify(include_str!("../../sql/uncount_abandoned.sql")),
@@ -358,6 +360,16 @@ pub fn uncount_abandoned<'a>(queries: &Queries, abandoned: impl Iterator<Item = 
             client.update("SET LOCAL lock_timeout = '500ms'", None, &[])?;
             let args = [endpoints.into(), ids.into(), attempts.into(), queries.installation.oid.into()];
             client.update(queries.uncount_abandoned.as_str(), None, &args)?;
+            Ok(())
+        })
+    })
+}
+
+/// Records, in the health of each endpoint named, why the workers cannot send to it.
+pub fn note_unusable_endpoints(queries: &Queries, names: Vec<String>, reasons: Vec<String>) -> Result<(), TransactionError> {
+    transaction::run(|| {
+        Spi::connect_mut(|client| {
+            client.update(queries.note_unusable_endpoints.as_str(), None, &[names.into(), reasons.into()])?;
             Ok(())
         })
     })
