@@ -4,7 +4,8 @@
 //! lines for the settings that may hold secrets: the signing secret, and the webhook URL
 //! (credentials and tokens live in its user, password, path or query). The same hook keeps
 //! the text of a statement that may carry an endpoint's secret or URL out of the log: the
-//! `STATEMENT:` line PostgreSQL adds to an error, and the lines of `log_statement` and
+//! `STATEMENT:` line PostgreSQL adds to an error, the detail and context of that error (where
+//! input and bound parameters are quoted), and the lines of `log_statement` and
 //! `log_min_duration_statement`.
 
 use std::ffi::CStr;
@@ -46,15 +47,27 @@ unsafe extern "C-unwind" fn hide_secret_settings(edata: *mut pg_sys::ErrorData) 
                 data.message = pg_sys::pstrdup(replacement.as_ptr());
             }
         }
-        if !pg_sys::debug_query_string.is_null() && may_carry_a_secret(CStr::from_ptr(pg_sys::debug_query_string).to_bytes()) {
-            // An error's own message goes to the client too and never holds a secret; only the
-            // statement PostgreSQL appends to it in the log is hidden.
+        let marked = |text: *const std::ffi::c_char| !text.is_null() && may_carry_a_secret(CStr::from_ptr(text).to_bytes());
+        let log_line = data.elevel == pg_sys::LOG as i32;
+        // The statement running, or a LOG line quoting one: log_statement's line for EXECUTE of
+        // a prepared statement shows the PREPARE in its detail.
+        if marked(pg_sys::debug_query_string) || (log_line && (marked(data.message) || marked(data.detail))) {
+            // An error's own message goes to the client too and never holds a secret (the
+            // input functions of json or interval do not repeat their input in it). What may
+            // repeat the statement or its input is left out of the report: the statement
+            // PostgreSQL appends to it in the log, the detail and context where a json parser
+            // quotes its input or PostgreSQL lists bound parameters
+            // (log_parameter_max_length_on_error), and the query of a nested statement.
             data.hide_stmt = true;
+            data.detail = std::ptr::null_mut();
+            data.detail_log = std::ptr::null_mut();
+            data.context = std::ptr::null_mut();
+            data.internalquery = std::ptr::null_mut();
+            data.internalpos = 0;
             // log_statement and log_min_duration_statement lines (LOG, server log only): the
-            // statement, and its bound parameters in the detail.
-            if data.elevel == pg_sys::LOG as i32 {
+            // statement itself.
+            if log_line {
                 data.message = pg_sys::pstrdup(HIDDEN_STATEMENT.as_ptr());
-                data.detail = std::ptr::null_mut();
             }
         }
         if let Some(previous) = PREVIOUS_HOOK {
