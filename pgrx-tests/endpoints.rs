@@ -145,7 +145,15 @@ fn endpoint_management_rejects_bad_input_with_class_22_and_changes_nothing() {
         db.value("SELECT (SELECT jsonb_agg(e) FROM outbox_endpoints e)::text || (SELECT count(*) FROM outbox_endpoint_secrets)");
     assert_eq!(after, before, "nothing changed");
     // What the stricter URL check still takes.
-    for url in ["http://user:pw@127.0.0.1:8080/hook?a=1#f", "https://[::1]:8443/hook", "http://localhost", "https://example.com:443"] {
+    for url in [
+        "http://user:pw@127.0.0.1:8080/hook?a=1#f",
+        "https://[::1]:8443/hook",
+        "http://localhost",
+        "https://example.com:443",
+        "http://user:0@127.0.0.1/hook",
+        "http://user:p@ss@127.0.0.1/hook",
+        "http://127.0.0.1:/hook",
+    ] {
         db.execute(&format!("SELECT outbox_endpoint_set('ok', '{url}')"));
     }
     db.execute("SELECT outbox_endpoint_drop('ok')");
@@ -394,6 +402,14 @@ fn an_endpoint_drop_held_up_by_an_open_enqueue_gives_up_after_2_s_and_changes_no
         1,
         "the endpoint and its deliveries stay"
     );
+
+    // Once it holds the table, it does not wait long for the endpoint's row either.
+    producer.batch_execute("BEGIN; SELECT outbox_endpoint_disable('gone')").unwrap();
+    let error = operator.batch_execute("SELECT outbox_endpoint_drop('gone')").expect_err("a drop behind an open change gives up");
+    let error = error.as_db_error().unwrap_or_else(|| panic!("{error}"));
+    assert_eq!(error.code(), &postgres::error::SqlState::LOCK_NOT_AVAILABLE, "{error}");
+    assert!(error.message().starts_with("outbox_endpoint_drop: waited 2s for a transaction changing endpoint 'gone'"), "{error}");
+    producer.batch_execute("ROLLBACK").unwrap();
     db.execute("SELECT outbox_endpoint_drop('gone')");
 }
 

@@ -724,7 +724,9 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_stats() FROM PUBLIC;
 -- Managing endpoints. Like the rest of the API, each function runs as the extension's owner
 -- with search_path pinned to pg_catalog (see sql/api.sql), and raises SQLSTATE 22023
 -- (invalid_parameter_value) for bad input, naming what is wrong but never repeating a URL or
--- a secret, which may carry credentials.
+-- a secret, which may carry credentials. Those that take one set outbox.secret_call while
+-- they run: the extension's log hook then keeps their statement, and what PostgreSQL may
+-- quote of their arguments, out of the server log.
 
 -- Creates or replaces an endpoint; its secrets, deliveries and health stay. New topics apply
 -- to events enqueued afterwards (outbox_replay sends older ones); so does ordered = true.
@@ -743,11 +745,14 @@ RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
+SET outbox.secret_call = on
 AS $$
 DECLARE
     pattern text;
     header record;
     was_ordered boolean;
+    held boolean := false;
 BEGIN
     IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$' THEN
         RAISE EXCEPTION 'outbox_endpoint_set: an endpoint name is 1 to 63 letters, digits, "_", "." or "-", starting with a letter or digit'
@@ -765,10 +770,11 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_set: a webhook endpoint needs a url'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- scheme, [userinfo@], host name or [IPv6 address], [:port], [path, query, fragment]
+    -- scheme, [userinfo@] (up to the last @), host name or [IPv6 address], [:port], [path, query,
+    -- fragment]; an empty port is the scheme's.
     IF url IS NOT NULL AND (octet_length(url) > 2048
-        OR url !~ '^https?://([^/?#@[:space:][:cntrl:]]*@)?(\[[0-9A-Fa-f:.]+\]|[^][/?#:@[:space:][:cntrl:]]+)(:[0-9]{1,5})?([/?#][^[:space:][:cntrl:]]*)?$'
-        OR substring(url FROM '^https?://(?:[^/?#@]*@)?(?:\[[^]]*\]|[^/?#:@]+):([0-9]{1,5})')::integer NOT BETWEEN 1 AND 65535) THEN
+        OR url !~ '^https?://([^/?#[:space:][:cntrl:]]*@)?(\[[0-9A-Fa-f:.]+\]|[^][/?#:@[:space:][:cntrl:]]+)(:[0-9]{0,5})?([/?#][^[:space:][:cntrl:]]*)?$'
+        OR substring(url FROM '^https?://(?:[^/?#]*@)?(?:\[[^]]*\]|[^/?#:@]+):([0-9]{1,5})(?:[/?#]|$)')::integer NOT BETWEEN 1 AND 65535) THEN
         RAISE EXCEPTION 'outbox_endpoint_set: url must be an http:// or https:// URL of at most 2048 bytes, with a host, a port (if any) from 1 to 65535, and without spaces'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -850,6 +856,7 @@ BEGIN
     SELECT e.ordered INTO was_ordered FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_set.name;
     IF was_ordered AND NOT ordered THEN
         PERFORM @extschema@.outbox_hold_deliveries('outbox_endpoint_set');
+        held := true;
     END IF;
     -- FOR UPDATE, not FOR NO KEY UPDATE: an enqueue whose snapshot predates this change must
     -- fail to lock the row (sql/hold_routed_endpoints.sql) rather than route by the old state.
@@ -857,9 +864,11 @@ BEGIN
       FROM @extschema@.outbox_endpoints AS e
      WHERE e.name = outbox_endpoint_set.name
        FOR UPDATE;
-    IF was_ordered AND NOT ordered THEN
-        -- Made ordered by someone else meanwhile: rare, and the order above is then not kept.
-        PERFORM @extschema@.outbox_hold_deliveries('outbox_endpoint_set');
+    IF was_ordered AND NOT ordered AND NOT held THEN
+        -- Made ordered by someone else meanwhile: taking the table now would reverse the order
+        -- above (and could deadlock with outbox_replay, which takes them in that order).
+        RAISE EXCEPTION 'outbox_endpoint_set: endpoint % was made ordered while this ran; try again', quote_literal(name)
+              USING ERRCODE = 'serialization_failure';
     END IF;
     INSERT INTO @extschema@.outbox_endpoints AS e
            (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered, notify)
@@ -881,14 +890,14 @@ END
 $$;
 
 -- Waits for the transactions writing deliveries (enqueues, claims, acks) to end and holds new
--- ones until the caller commits. Waits 2 s at most: while this waits, every new writer queues
--- behind it, so a producer's transaction left open must not stall the whole outbox. Nothing
--- is changed then, and the caller is told to try again.
+-- ones until the caller commits. Its callers (outbox_endpoint_drop and _set) wait 2 s at most
+-- for any lock (lock_timeout): while this waits, and while they wait holding it, every new
+-- writer queues behind them, so a producer's transaction left open must not stall the whole
+-- outbox. Nothing is changed then, and the caller is told to try again.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_hold_deliveries(caller text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '2s'
 AS $$
 BEGIN
     LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
@@ -911,7 +920,15 @@ AS $$
 DECLARE
     endpoint @extschema@.outbox_endpoints;
 BEGIN
-    SELECT * INTO endpoint FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_lock.name FOR UPDATE;
+    BEGIN
+        SELECT * INTO endpoint FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_lock.name FOR UPDATE;
+    EXCEPTION WHEN lock_not_available THEN
+        -- Under the lock_timeout of outbox_endpoint_drop or _set (or the caller's own).
+        RAISE EXCEPTION '%: waited % for a transaction changing endpoint % to end; nothing was changed',
+                        caller, current_setting('lock_timeout'), quote_literal(name)
+              USING ERRCODE = 'lock_not_available',
+                    HINT = 'Try again. See pg_stat_activity for a transaction left open (state ''idle in transaction'').';
+    END;
     IF NOT FOUND THEN
         RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(name)
               USING ERRCODE = 'invalid_parameter_value';
@@ -928,6 +945,7 @@ RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET outbox.secret_call = on
 AS $$
 #variable_conflict use_variable
 DECLARE
@@ -1014,6 +1032,7 @@ RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
 AS $$
 BEGIN
     -- Waits for the enqueues in progress (which may be routing to this endpoint) and holds

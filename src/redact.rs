@@ -20,6 +20,7 @@ const SECRET_SETTINGS: &[&str] = &["outbox.signing_secret", "outbox.webhook_url"
 /// takes a secret or a URL.
 const SECRET_STATEMENT_MARKS: &[&str] = &["whsec_", "outbox_endpoint_set", "outbox_endpoint_rotate_secret"];
 const HIDDEN_STATEMENT: &CStr = c"statement hidden by outbox_ext: it may carry an endpoint's secret or a URL's credentials";
+const HIDDEN_DETAIL: &CStr = c"detail hidden by outbox_ext: it may quote an endpoint's secret or a URL's credentials";
 
 static mut PREVIOUS_HOOK: pg_sys::emit_log_hook_type = None;
 
@@ -48,27 +49,33 @@ unsafe extern "C-unwind" fn hide_secret_settings(edata: *mut pg_sys::ErrorData) 
             }
         }
         let marked = |text: *const std::ffi::c_char| !text.is_null() && may_carry_a_secret(CStr::from_ptr(text).to_bytes());
-        let log_line = data.elevel == pg_sys::LOG as i32;
-        // The statement running, or a LOG line quoting one: log_statement's line for EXECUTE of
-        // a prepared statement shows the PREPARE in its detail.
-        if marked(pg_sys::debug_query_string) || (log_line && (marked(data.message) || marked(data.detail))) {
-            // An error's own message goes to the client too and never holds a secret (the
-            // input functions of json or interval do not repeat their input in it). What may
-            // repeat the statement or its input is left out of the report: the statement
-            // PostgreSQL appends to it in the log, the detail and context where a json parser
-            // quotes its input or PostgreSQL lists bound parameters
-            // (log_parameter_max_length_on_error), and the query of a nested statement.
-            data.hide_stmt = true;
+        // A LOG line that quotes such a statement: log_statement's and the duration lines, and
+        // for EXECUTE of a prepared one, the PREPARE in its detail (or auto_explain's plan).
+        if data.elevel == pg_sys::LOG as i32 && (marked(data.message) || marked(data.detail)) {
+            data.message = pg_sys::pstrdup(HIDDEN_STATEMENT.as_ptr());
             data.detail = std::ptr::null_mut();
             data.detail_log = std::ptr::null_mut();
+        }
+        // A report made while such a statement runs, or inside a function that takes a secret
+        // or a URL (outbox.secret_call, set by its own SET clause, so also when it was called
+        // by EXECUTE or from another function). Its message goes to the client too and never
+        // holds a secret (the input functions of json or interval do not repeat their input
+        // in it). Left out: the statement PostgreSQL appends to it in the log; the detail, in
+        // the log only (the client keeps it), where a json parser quotes its input; the
+        // context, where PostgreSQL lists bound parameters (log_parameter_max_length_on_error)
+        // or a json parser quotes its input again; the query of a nested statement.
+        if crate::settings::SECRET_CALL.get() || marked(pg_sys::debug_query_string) {
+            data.hide_stmt = true;
+            if !data.detail.is_null() || !data.detail_log.is_null() {
+                data.detail_log = pg_sys::pstrdup(HIDDEN_DETAIL.as_ptr());
+            }
             data.context = std::ptr::null_mut();
             data.internalquery = std::ptr::null_mut();
             data.internalpos = 0;
-            // log_statement and log_min_duration_statement lines (LOG, server log only): the
-            // statement itself.
-            if log_line {
-                data.message = pg_sys::pstrdup(HIDDEN_STATEMENT.as_ptr());
-            }
+        }
+        // A deadlock's report shows the other sessions' statements in its log-only detail.
+        if marked(data.detail_log) {
+            data.detail_log = pg_sys::pstrdup(HIDDEN_DETAIL.as_ptr());
         }
         if let Some(previous) = PREVIOUS_HOOK {
             previous(edata);

@@ -20,6 +20,9 @@ pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
 pub static ENDPOINT_DISABLE_AFTER_S: GucSetting<i32> = GucSetting::<i32>::new(5 * 24 * 3600);
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+/// On while a function that takes a secret or a URL runs (its own SET clause): what is logged
+/// meanwhile is kept from repeating its arguments (src/redact.rs).
+pub static SECRET_CALL: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 /// The most relay workers per database (the registry bounds them over all databases).
 pub const MAX_WORKERS: usize = 32;
@@ -47,6 +50,14 @@ pub fn register() {
         MAX_WORKERS as i32,
         Postmaster,
         none,
+    );
+    GucRegistry::define_bool_guc(
+        c"outbox.secret_call",
+        c"Set by outbox_endpoint_set and outbox_endpoint_rotate_secret while they run.",
+        c"What is logged meanwhile leaves out the statement, its detail and its context, which may repeat a secret or a URL.",
+        &SECRET_CALL,
+        GucContext::Userset,
+        GucFlags::NO_SHOW_ALL,
     );
     GucRegistry::define_bool_guc(
         c"outbox.relay",

@@ -436,7 +436,7 @@ impl Relay {
             return Ok(Instant::now() + RETENTION_PAUSE);
         };
         match queue::delete_expired(queries, retention, RETENTION_BATCH) {
-            Ok(deleted) if deleted == RETENTION_BATCH => Ok(Instant::now()),
+            Ok(deleted) if deleted >= RETENTION_BATCH => Ok(Instant::now()),
             Ok(_) => Ok(Instant::now() + RETENTION_PAUSE),
             Err(e) => self.failed("deleting expired events", e, queries).map(|()| Instant::now() + RETENTION_PAUSE),
         }

@@ -116,7 +116,7 @@ pub fn claim_batch_sql(installation: &Installation) -> String {
 }
 
 /// The worker's session settings, each with why.
-const SESSION_SETTINGS: [(&str, &str); 7] = [
+const SESSION_SETTINGS: [(&str, &str); 8] = [
     // Every statement the worker runs resolves operators and functions in pg_catalog, and
     // names the extension's tables by schema, so nothing another role created (in public or in
     // the extension's schema) runs as this worker.
@@ -151,6 +151,10 @@ const SESSION_SETTINGS: [(&str, &str); 7] = [
     // the one that gives way: its statement fails and is tried again; the user's command goes
     // through.
     ("deadlock_timeout", "100ms"),
+    // Each statement sees what committed before it began, whatever default_transaction_isolation
+    // the server or database sets: retention's second statement must see the deliveries that
+    // a replay wrote before the first one locked their events (sql/delete_emptied_events.sql).
+    ("default_transaction_isolation", "read committed"),
 ];
 
 /// Sets up the worker's session for its statements (`SESSION_SETTINGS`), in one statement
