@@ -562,6 +562,13 @@ def secrets_stay_out_of_the_log():
                              "-c", f"EXECUTE set_url('https://relay:failing-pw-{tag}@127.0.0.1/')"],
                             capture_output=True, text=True)
     assert failed.returncode != 0 and "at least one pattern" in failed.stderr, failed.stderr
+    # ...and one that fails before it runs: its argument is not JSON.
+    failed = subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-tAq", "-v", "ON_ERROR_STOP=1",
+                             "-c", "PREPARE set_headers(text, jsonb) AS SELECT outbox_endpoint_set('prepared', $1, headers => $2)",
+                             "-c", f"EXECUTE set_headers('https://relay:argument-pw-{tag}@127.0.0.1/', "
+                                   f"'{{\"authorization\": \"Bearer argument-token-{tag}')"],
+                            capture_output=True, text=True)
+    assert failed.returncode != 0 and "invalid input syntax for type json" in failed.stderr, failed.stderr
     signed = sql("SELECT outbox_enqueue('signed', '{}')")
     wait_until("a signed event is delivered", lambda: sql(
         f"SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NOT NULL AND event_id = {signed}") == "1")
@@ -573,13 +580,14 @@ def secrets_stay_out_of_the_log():
     assert "statement hidden by outbox_ext" in log, "log_statement logged the statements, hidden"
     assert "invalid input syntax for type json" in log, "the malformed headers' error is in the log"
     leaked = [what for what in (secret_key, generated[6:], given[6:], f"given-pw-{tag}", f"password-{tag}", f"token-{tag}",
-                                f"header-token-{tag}", f"prepared-pw-{tag}", f"failing-pw-{tag}")
+                                f"header-token-{tag}", f"prepared-pw-{tag}", f"failing-pw-{tag}",
+                                f"argument-pw-{tag}", f"argument-token-{tag}")
               if what in log]
     if leaked:
         raise AssertionError(f"the server log shows {leaked}")
     print("== secrets stay out of the log: 0.1.0's signing secret setting, a generated endpoint secret, "
           "a secret, a URL password and a header token in failing statements, a URL password passed to a prepared "
-          "statement that succeeded and to one that failed, the webhook URL's password and token all absent",
+          "statement that succeeded, to one that failed and to one whose arguments failed, the webhook URL's password and token all absent",
           flush=True)
 
 

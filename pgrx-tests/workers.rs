@@ -95,7 +95,13 @@ fn a_claim_that_waited_for_a_lock_leases_its_rows_from_when_it_took_them() {
     let receiver = Receiver::start(Reply::Hold);
     // The lease is the request timeout plus 5 s (15 s); the request hangs until that timeout,
     // so the lease is read before any outcome.
-    db.configure(&[("outbox.webhook_url", &receiver.url), ("outbox.http_timeout", "10s"), ("outbox.lease", "1s")]);
+    // No retention pass, which could be the statement a worker waits in.
+    db.configure(&[
+        ("outbox.webhook_url", &receiver.url),
+        ("outbox.http_timeout", "10s"),
+        ("outbox.lease", "1s"),
+        ("outbox.retention", "0"),
+    ]);
     let (database, user): (String, String) = (db.value("SELECT current_database()::text"), db.value("SELECT current_user::text"));
     let mut locker = db.connect(&database, &user);
     // The event is due at once, but its endpoint is disabled, so no claim has begun (and waits)
@@ -105,7 +111,7 @@ fn a_claim_that_waited_for_a_lock_leases_its_rows_from_when_it_took_them() {
     // What an endpoint being dropped holds while it waits for, or deletes, its history.
     locker.batch_execute("BEGIN; LOCK TABLE outbox_deliveries IN SHARE MODE").unwrap();
     let enabled: SystemTime = db.value("UPDATE outbox_endpoints SET disabled_at = NULL WHERE name = 'default' RETURNING clock_timestamp()");
-    // Both workers: the second one runs no retention, so what it waits in is a claim.
+    // Both workers: with nothing in flight and no retention, what they wait in is a claim.
     db.wait_for("both workers' claims, begun once the endpoint was back, have waited 3 s for the lock", Duration::from_secs(30), |db| {
         let sql = "SELECT count(*) = 2 FROM pg_stat_activity
                     WHERE backend_type = 'outbox_ext relay' AND datname = current_database() AND wait_event_type = 'Lock'

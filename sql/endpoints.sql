@@ -135,12 +135,8 @@ BEGIN
         PERFORM @extschema@.outbox_hold_deliveries('outbox_endpoint_set');
         held := true;
     END IF;
-    -- FOR UPDATE, not FOR NO KEY UPDATE: an enqueue whose snapshot predates this change must
-    -- fail to lock the row (sql/hold_routed_endpoints.sql) rather than route by the old state.
-    SELECT e.ordered INTO was_ordered
-      FROM @extschema@.outbox_endpoints AS e
-     WHERE e.name = outbox_endpoint_set.name
-       FOR UPDATE;
+    -- The row of an endpoint that exists, locked for the change (within the lock_timeout).
+    was_ordered := (@extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_set', must_exist => false)).ordered;
     IF was_ordered AND NOT ordered AND NOT held THEN
         -- Made ordered by someone else meanwhile: taking the table now would reverse the order
         -- above (and could deadlock with outbox_replay, which takes them in that order).
@@ -186,9 +182,10 @@ END
 $$;
 
 -- The endpoint's row, locked for a change, and the workers told to read the endpoints again
--- before their next claim; a class-22 error when there is none. FOR UPDATE: an enqueue whose
--- REPEATABLE READ snapshot predates the change then fails (sql/hold_routed_endpoints.sql).
-CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_lock(name text, caller text)
+-- before their next claim; a class-22 error when there is none (a row of nulls if must_exist
+-- is false). FOR UPDATE: an enqueue whose REPEATABLE READ snapshot predates the change then
+-- fails (sql/hold_routed_endpoints.sql).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_lock(name text, caller text, must_exist boolean DEFAULT true)
 RETURNS @extschema@.outbox_endpoints
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -206,7 +203,7 @@ BEGIN
               USING ERRCODE = 'lock_not_available',
                     HINT = 'Try again. See pg_stat_activity for a transaction left open (state ''idle in transaction'').';
     END;
-    IF NOT FOUND THEN
+    IF NOT FOUND AND must_exist THEN
         RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(name)
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -337,7 +334,7 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_lock(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_lock(text, text, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_hold_deliveries(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_rotate_secret(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_disable(text, text) FROM PUBLIC;

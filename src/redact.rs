@@ -9,8 +9,10 @@
 //! `log_min_duration_statement`.
 
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pgrx::prelude::*;
+use pgrx::{register_xact_callback, PgXactCallbackEvent};
 
 /// The untranslated message PostgreSQL logs for a changed setting.
 const SETTING_CHANGED: &str = "parameter \"%s\" changed to \"%s\"";
@@ -21,6 +23,11 @@ const SECRET_SETTINGS: &[&str] = &["outbox.signing_secret", "outbox.webhook_url"
 const SECRET_STATEMENT_MARKS: &[&str] = &["whsec_", "outbox_endpoint_set", "outbox_endpoint_rotate_secret"];
 const HIDDEN_STATEMENT: &CStr = c"statement hidden by outbox_ext: it may carry an endpoint's secret or a URL's credentials";
 const HIDDEN_DETAIL: &CStr = c"detail hidden by outbox_ext: it may quote an endpoint's secret or a URL's credentials";
+const HIDDEN_LINE: &CStr = c"log line hidden by outbox_ext: written while a statement that may carry a secret ran";
+
+/// On while EXECUTE runs a prepared statement whose text may carry a secret: the EXECUTE's own
+/// text, which PostgreSQL logs as a failing statement, quotes its arguments.
+static EXECUTING_MARKED: AtomicBool = AtomicBool::new(false);
 
 static mut PREVIOUS_HOOK: pg_sys::emit_log_hook_type = None;
 
@@ -49,26 +56,40 @@ unsafe extern "C-unwind" fn hide_secret_settings(edata: *mut pg_sys::ErrorData) 
             }
         }
         let marked = |text: *const std::ffi::c_char| !text.is_null() && may_carry_a_secret(CStr::from_ptr(text).to_bytes());
-        // A LOG line that quotes such a statement: log_statement's and the duration lines, and
-        // for EXECUTE of a prepared one, the PREPARE in its detail (or auto_explain's plan).
-        if data.elevel == pg_sys::LOG as i32 && (marked(data.message) || marked(data.detail)) {
+        let log_line = data.elevel == pg_sys::LOG as i32 || data.elevel == pg_sys::LOG_SERVER_ONLY as i32;
+        // The running statement may carry a secret: its text (or, for EXECUTE, the prepared
+        // statement's) names a function that takes one, or holds one.
+        let statement = EXECUTING_MARKED.load(Ordering::Relaxed) || marked(pg_sys::debug_query_string);
+        // Inside such a function (outbox.secret_call, set by its own SET clause, so also when
+        // it was called by EXECUTE or from another function).
+        let inside = crate::settings::SECRET_CALL.get();
+        if log_line && (marked(data.message) || marked(data.detail)) {
+            // A line that quotes such a statement: log_statement's and the duration lines, and
+            // for EXECUTE of a prepared one, the PREPARE in its detail (or auto_explain's plan).
             data.message = pg_sys::pstrdup(HIDDEN_STATEMENT.as_ptr());
             data.detail = std::ptr::null_mut();
             data.detail_log = std::ptr::null_mut();
+        } else if log_line && inside {
+            // Written for a statement the function runs (auto_explain, an audit extension),
+            // which may show its arguments' values.
+            data.message = pg_sys::pstrdup(HIDDEN_LINE.as_ptr());
+            data.detail = std::ptr::null_mut();
+            data.detail_log = std::ptr::null_mut();
         }
-        // A report made while such a statement runs, or inside a function that takes a secret
-        // or a URL (outbox.secret_call, set by its own SET clause, so also when it was called
-        // by EXECUTE or from another function). Its message goes to the client too and never
-        // holds a secret (the input functions of json or interval do not repeat their input
-        // in it). Left out: the statement PostgreSQL appends to it in the log; the detail, in
-        // the log only (the client keeps it), where a json parser quotes its input; the
-        // context, where PostgreSQL lists bound parameters (log_parameter_max_length_on_error)
-        // or a json parser quotes its input again; the query of a nested statement.
-        if crate::settings::SECRET_CALL.get() || marked(pg_sys::debug_query_string) {
+        if statement || inside {
+            // A report's message goes to the client too and never holds a secret (the input
+            // functions of json or interval do not repeat their input in it). Left out of the
+            // log: the statement PostgreSQL appends to it, and the detail, where a json parser
+            // quotes its input (the client keeps it).
             data.hide_stmt = true;
             if !data.detail.is_null() || !data.detail_log.is_null() {
                 data.detail_log = pg_sys::pstrdup(HIDDEN_DETAIL.as_ptr());
             }
+        }
+        if statement {
+            // Left out for the client too, as the log has no field of its own for them: the
+            // context, where PostgreSQL lists bound parameters (log_parameter_max_length_on_error)
+            // or a json parser quotes its input again, and the query of a nested statement.
             data.context = std::ptr::null_mut();
             data.internalquery = std::ptr::null_mut();
             data.internalpos = 0;
@@ -81,6 +102,38 @@ unsafe extern "C-unwind" fn hide_secret_settings(edata: *mut pg_sys::ErrorData) 
             previous(edata);
         }
     }
+}
+
+/// Whether `statement` is an EXECUTE of a prepared statement whose text may carry a secret.
+///
+/// # Safety
+/// `statement` is null or a valid utility statement node, and a transaction is open.
+pub unsafe fn executes_a_marked_statement(statement: *mut pg_sys::Node) -> bool {
+    // SAFETY: the node's tag says which statement struct it is; FetchPreparedStatement looks
+    // the name up in this session's table (null when there is none: no error is thrown).
+    unsafe {
+        if statement.is_null() || (*statement).type_ != pg_sys::NodeTag::T_ExecuteStmt {
+            return false;
+        }
+        let prepared = pg_sys::FetchPreparedStatement((*(statement as *mut pg_sys::ExecuteStmt)).name, false);
+        !prepared.is_null()
+            && !(*prepared).plansource.is_null()
+            && !(*(*prepared).plansource).query_string.is_null()
+            && may_carry_a_secret(CStr::from_ptr((*(*prepared).plansource).query_string).to_bytes())
+    }
+}
+
+/// Runs `execute` (an EXECUTE that `executes_a_marked_statement`) with what it logs hidden as
+/// for the statement it executes, also when it fails before that statement starts (its
+/// arguments cannot be converted, say).
+pub fn hiding_what_it_logs<R>(execute: impl FnOnce() -> R) -> R {
+    EXECUTING_MARKED.store(true, Ordering::Relaxed);
+    // An ERROR is logged once it has unwound out of here, before its transaction aborts: the
+    // flag stays on until then.
+    register_xact_callback(PgXactCallbackEvent::Abort, || EXECUTING_MARKED.store(false, Ordering::Relaxed));
+    let result = execute();
+    EXECUTING_MARKED.store(false, Ordering::Relaxed);
+    result
 }
 
 /// What to log instead of a changed secret setting's line, whatever language the server

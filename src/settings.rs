@@ -56,7 +56,9 @@ pub fn register() {
         c"Set by outbox_endpoint_set and outbox_endpoint_rotate_secret while they run.",
         c"What is logged meanwhile leaves out the statement, its detail and its context, which may repeat a secret or a URL.",
         &SECRET_CALL,
-        GucContext::Userset,
+        // Superusers only: anyone else could hide their own statements from the log with it.
+        // The functions' SET clause applies it with their owner's rights.
+        GucContext::Suset,
         GucFlags::NO_SHOW_ALL,
     );
     GucRegistry::define_bool_guc(
