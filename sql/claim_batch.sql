@@ -6,8 +6,8 @@
 -- longer than its request timeout), so if this worker dies the deliveries become claimable
 -- again by themselves, and never while their request may still run. The lease counts from
 -- when the row is taken (clock_timestamp), not from the transaction's start: a claim that
--- waited for a lock (an endpoint being dropped, say) must not hand out leases already spent. A disabled (or dropped)
--- endpoint gets nothing, even if the worker has not noticed yet.
+-- waited for a lock (an endpoint being dropped, say) must not hand out leases already spent.
+-- A disabled (or dropped) endpoint gets nothing, even if the worker has not noticed yet.
 -- A delivery that already had the endpoint's max_attempts ($4) is made dead instead of being
 -- attempted again: its last lease ran out with no outcome recorded, or the cap was lowered
 -- since. Its worker died during the request, perhaps of this very delivery, which would

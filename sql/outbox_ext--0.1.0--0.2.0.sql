@@ -1146,9 +1146,9 @@ BEGIN
 END
 $$;
 
--- outbox_ack_batch and outbox_ack, which name themselves in its errors (caller). It marks claimed
--- deliveries sent, each named by its event id and the attempt its claim returned (event_ids
--- and attempts pairwise).
+-- The work of outbox_ack_batch and outbox_ack (caller: which of them, for its errors): marks
+-- claimed deliveries sent, each named by its event id and the attempt its claim returned
+-- (event_ids and attempts pairwise).
 -- Returns the ids whose attempt is the current claim, or already sent the delivery (a
 -- repeated ack is answered as the first was); the others were claimed again, nacked,
 -- requeued or dropped since, and nothing of them changes.
@@ -1217,7 +1217,6 @@ BEGIN
      WHERE named.sent_at IS NOT NULL;
 END
 $$;
-
 
 -- Marks claimed deliveries sent (outbox_ack_claims above): a consumer that handled a batch
 -- acks it in one call, and gets back the ids it acked.
