@@ -521,10 +521,21 @@ def run(scenario, receiver):
     return row, ok
 
 
+def session(*statements, user="postgres"):
+    """Runs each statement in turn in one psql session; returns psql's result (not checked)."""
+    args = ["psql", "-h", "127.0.0.1", "-p", PORT, "-U", user, "-d", "postgres", "-X", "-tAq"]
+    for statement in statements:
+        args += ["-c", statement]
+    return subprocess.run(args, capture_output=True, text=True)
+
+
 def secrets_stay_out_of_the_log():
-    """Sets 0.1.0's signing secret setting and a webhook URL carrying a password and a token,
-    reloads, rotates endpoint secrets (generated, given, given in a failing statement) with every
-    statement logged, and reads the server log: none of the secrets may appear."""
+    """With every statement logged: 0.1.0's signing secret setting and a webhook URL carrying a
+    password and a token are reloaded, secrets are generated and supplied (in statements that
+    succeed, fail, are prepared, and fail inside a savepoint), URLs with passwords are passed;
+    the server log must show every statement, with only the secrets and passwords masked. A
+    role with no privileges mentions a secret's prefix and the functions' names: its statements
+    are logged in full."""
     tag = f"{os.getpid()}{int(time.time())}"
     secret_key = base64.b64encode(f"secret-{tag}".encode()).decode()
     plain_url = f"http://127.0.0.1:{RECEIVER_PORT}/events"
@@ -532,62 +543,70 @@ def secrets_stay_out_of_the_log():
     sql(f"ALTER SYSTEM SET outbox.signing_secret = 'whsec_{secret_key}'")
     configure(webhook_url=f"http://relay:password-{tag}@127.0.0.1:{RECEIVER_PORT}/events?token=token-{tag}")
     log_path = f"{DATA}/../server.log"
-    wait_until("the reload is logged", lambda: 'parameter "outbox.signing_secret" changed (value hidden)'
-               in subprocess.run(["cat", log_path], capture_output=True, text=True).stdout, deadline=30)
+    read_log = lambda: subprocess.run(["cat", log_path], capture_output=True, text=True).stdout
+    wait_until("the reload is logged", lambda: 'parameter "outbox.signing_secret" changed (value hidden)' in read_log(), deadline=30)
     generated = sql("SELECT outbox_endpoint_rotate_secret('default')")  # signs what follows
-    # A failing statement is logged with its text (log_min_error_statement): here, a secret
-    # given for an endpoint that does not exist, and a URL with a password.
     given = "whsec_" + base64.b64encode(f"given-secret-{tag}-0123456789".encode()).decode()
-    sql(f"SELECT outbox_endpoint_rotate_secret('default', '{given}', '0 seconds')")  # logged by log_statement
-    for failing in (f"SELECT outbox_endpoint_rotate_secret('missing', '{given}')",
-                    f"SELECT outbox_endpoint_set('x', 'https://relay:given-pw-{tag}@127.0.0.1/', '{{}}')",
-                    # malformed JSON: the parser quotes its input in the error's detail and context
-                    f"SELECT outbox_endpoint_set('x', 'https://127.0.0.1/', headers => "
-                    f"'{{\"authorization\": \"Bearer header-token-{tag}\" \"x\": 1}}')"):
+    sql(f"SELECT outbox_endpoint_rotate_secret('default', '{given}', '0 seconds') AS given_{tag}")
+    # Failing statements are logged again as the error's STATEMENT (log_min_error_statement).
+    for failing in (f"SELECT outbox_endpoint_rotate_secret('missing', '{given}') AS failing_{tag}",
+                    f"SELECT outbox_endpoint_set('x_{tag}', 'https://relay:given-pw-{tag}@127.0.0.1/', '{{}}')"):
         try:
             sql(failing)
             raise AssertionError(f"{failing} should fail")
         except subprocess.CalledProcessError:
             pass
-    # A prepared statement: log_statement logs the EXECUTE with its arguments, and the PREPARE
-    # in the line's detail.
-    subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-tAq", "-v", "ON_ERROR_STOP=1",
-                    "-c", "PREPARE set_url(text) AS SELECT outbox_endpoint_set('prepared', $1)",
-                    "-c", f"EXECUTE set_url('https://relay:prepared-pw-{tag}@127.0.0.1/')"],
-                   check=True, capture_output=True, text=True)
+    # Prepared: the EXECUTE is logged with its arguments, the PREPARE in the line's detail.
+    prepared = session("PREPARE set_url(text) AS SELECT outbox_endpoint_set('prepared', $1)",
+                       f"EXECUTE set_url('https://relay:prepared-pw-{tag}@127.0.0.1/')")
+    assert prepared.returncode == 0, prepared.stderr
     sql("SELECT outbox_endpoint_drop('prepared')")
-    # ...and one that fails: PostgreSQL logs the EXECUTE, with the URL, as the failing statement.
-    failed = subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-tAq", "-v", "ON_ERROR_STOP=1",
-                             "-c", "PREPARE set_url(text) AS SELECT outbox_endpoint_set('prepared', $1, '{}')",
-                             "-c", f"EXECUTE set_url('https://relay:failing-pw-{tag}@127.0.0.1/')"],
-                            capture_output=True, text=True)
-    assert failed.returncode != 0 and "at least one pattern" in failed.stderr, failed.stderr
-    # ...and one that fails before it runs: its argument is not JSON.
-    failed = subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-X", "-tAq", "-v", "ON_ERROR_STOP=1",
-                             "-c", "PREPARE set_headers(text, jsonb) AS SELECT outbox_endpoint_set('prepared', $1, headers => $2)",
-                             "-c", f"EXECUTE set_headers('https://relay:argument-pw-{tag}@127.0.0.1/', "
-                                   f"'{{\"authorization\": \"Bearer argument-token-{tag}')"],
-                            capture_output=True, text=True)
-    assert failed.returncode != 0 and "invalid input syntax for type json" in failed.stderr, failed.stderr
+    # One that fails inside a savepoint rolled back: what follows is logged as ever.
+    rolled_back = session("PREPARE set_url(text) AS SELECT outbox_endpoint_set('prepared', $1, '{}')",
+                          "BEGIN", "SAVEPOINT before_the_url",
+                          f"EXECUTE set_url('https://relay:failing-pw-{tag}@127.0.0.1/')",
+                          "ROLLBACK TO SAVEPOINT before_the_url",
+                          f"SELECT 'after the savepoint {tag}'", "COMMIT")
+    assert "at least one pattern" in rolled_back.stderr, rolled_back.stderr
+    # A role with no privileges at all: its statements, failing or not, are in the log whole.
+    sql(f"DROP ROLE IF EXISTS nobody_{tag}")
+    sql(f"CREATE ROLE nobody_{tag} LOGIN")
+    sql(f"CREATE TABLE IF NOT EXISTS audited_{tag} ()")
+    evasive = (f"DROP TABLE audited_{tag}; /* whsec_ */",
+               f"SELECT 'outbox_endpoint_set outbox_endpoint_rotate_secret whsec_' AS evading_{tag}")
+    session(*evasive, user=f"nobody_{tag}")
     signed = sql("SELECT outbox_enqueue('signed', '{}')")
     wait_until("a signed event is delivered", lambda: sql(
         f"SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NOT NULL AND event_id = {signed}") == "1")
-    log = subprocess.run(["cat", log_path], capture_output=True, text=True).stdout
+    log = read_log()
+    sql(f"DROP TABLE audited_{tag}")
+    sql(f"DROP ROLE nobody_{tag}")
     sql("ALTER SYSTEM RESET outbox.signing_secret")
     sql("ALTER SYSTEM RESET log_statement")
     configure(webhook_url=plain_url)
-    assert "endpoint 'missing' does not exist" in log, "the failing statements' errors are in the log"
-    assert "statement hidden by outbox_ext" in log, "log_statement logged the statements, hidden"
-    assert "invalid input syntax for type json" in log, "the malformed headers' error is in the log"
     leaked = [what for what in (secret_key, generated[6:], given[6:], f"given-pw-{tag}", f"password-{tag}", f"token-{tag}",
-                                f"header-token-{tag}", f"prepared-pw-{tag}", f"failing-pw-{tag}",
-                                f"argument-pw-{tag}", f"argument-token-{tag}")
+                                f"prepared-pw-{tag}", f"failing-pw-{tag}")
               if what in log]
     if leaked:
         raise AssertionError(f"the server log shows {leaked}")
-    print("== secrets stay out of the log: 0.1.0's signing secret setting, a generated endpoint secret, "
-          "a secret, a URL password and a header token in failing statements, a URL password passed to a prepared "
-          "statement that succeeded, to one that failed and to one whose arguments failed, the webhook URL's password and token all absent",
+    shown = [
+        f"statement: SELECT outbox_endpoint_rotate_secret('default', 'whsec_***', '0 seconds') AS given_{tag}",
+        f"STATEMENT:  SELECT outbox_endpoint_rotate_secret('missing', 'whsec_***') AS failing_{tag}",
+        f"STATEMENT:  SELECT outbox_endpoint_set('x_{tag}', 'https://***@127.0.0.1/', '{{}}')",
+        "EXECUTE set_url('https://***@127.0.0.1/')",
+        f"statement: SELECT 'after the savepoint {tag}'",
+        f"statement: DROP TABLE audited_{tag}; /* whsec_ */",
+        f"STATEMENT:  DROP TABLE audited_{tag}; /* whsec_ */",
+        f"statement: SELECT 'outbox_endpoint_set outbox_endpoint_rotate_secret whsec_' AS evading_{tag}",
+    ]
+    missing = [line for line in shown if line not in log]
+    if missing:
+        raise AssertionError(f"the server log lacks {missing}")
+    assert "statement hidden" not in log, "no statement is hidden whole"
+    print("== secrets stay out of the log: 0.1.0's signing secret setting and the webhook URL's password and token on "
+          "reload, a generated secret, a supplied one and URL passwords in statements that succeeded, failed, were "
+          "prepared or failed in a savepoint all absent; every statement logged, with only those masked, also a "
+          "role's that mention the secrets' prefix and the functions' names",
           flush=True)
 
 

@@ -69,7 +69,7 @@ pub fn db() -> Db {
 
 impl Db {
     pub fn execute(&mut self, sql: &str) {
-        self.client.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        self.client.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {}", e.as_db_error().map_or(e.to_string(), |e| e.to_string())));
     }
 
     pub fn value<T: for<'a> postgres::types::FromSql<'a>>(&mut self, sql: &str) -> T {

@@ -203,6 +203,39 @@ fn during_a_rotation_both_secrets_sign_and_standardwebhooks_verifies_either() {
 }
 
 #[test]
+fn an_endpoint_moved_to_another_origin_loses_its_secrets_and_one_moved_within_its_origin_keeps_them() {
+    let mut db = db();
+    let (old, new) = (Receiver::start(Reply::Status(204)), Receiver::start(Reply::Status(204)));
+    let secrets = |db: &mut Db| db.value::<i64>("SELECT count(*) FROM outbox_endpoint_secrets WHERE endpoint = 'moving'");
+    endpoint(&mut db, "moving", &old.url, "{moving}", "");
+    let secret: String = db.value("SELECT outbox_endpoint_rotate_secret('moving')");
+    // The same scheme, host and port, however spelled: the same receiver, the secret stays.
+    let port = old.url.trim_start_matches("http://127.0.0.1:").trim_end_matches("/events");
+    for same in [format!("http://127.0.0.1:{port}/other?x=1"), format!("http://127.0.0.1:{port}")] {
+        endpoint(&mut db, "moving", &same, "{moving}", "");
+        assert_eq!(secrets(&mut db), 1, "{same} is the same origin");
+    }
+    let first = db.enqueue("moving", "{}");
+    wait_until("the event reaches the old receiver", Duration::from_secs(10), || old.deliveries_of(first).len() == 1);
+    assert!(old.deliveries_of(first)[0].verified_by_standardwebhooks(&secret));
+    // Another port (or scheme, or host): whoever may change the URL must not receive requests
+    // signed for the old receiver, so the secrets go.
+    endpoint(&mut db, "moving", &new.url, "{moving}", "");
+    assert_eq!(secrets(&mut db), 0, "a new origin keeps no secret");
+    let second = db.enqueue("moving", "{}");
+    wait_until("the event reaches the new receiver", Duration::from_secs(10), || new.deliveries_of(second).len() == 1);
+    assert_eq!(new.deliveries_of(second)[0].signature, None, "nothing is signed with the old receiver's secret");
+    db.execute("SELECT outbox_endpoint_rotate_secret('moving')");
+    for other in ["https://127.0.0.1:1/", "http://localhost:1/", "http://127.0.0.1:1/"] {
+        endpoint(&mut db, "moving", &new.url, "{moving}", "");
+        db.execute("SELECT outbox_endpoint_rotate_secret('moving')");
+        endpoint(&mut db, "moving", other, "{moving}", "");
+        assert_eq!(secrets(&mut db), 0, "{other} is another origin");
+    }
+    db.execute("SELECT outbox_endpoint_drop('moving')");
+}
+
+#[test]
 fn an_endpoint_that_is_down_slow_or_disabled_never_delays_another() {
     let mut db = db();
     let fast = Receiver::start(Reply::Status(204));

@@ -7,9 +7,11 @@ pub mod cluster;
 mod receiver;
 
 mod bad_settings;
+mod budgets;
 mod consumer;
 mod databases;
 mod delivery;
+mod destinations;
 mod dump_restore;
 mod endpoints;
 mod enqueue;

@@ -74,9 +74,11 @@ fn a_pull_endpoint_is_claimed_and_acked_over_sql_and_the_relay_never_claims_it()
     assert_eq!(db.value::<i64>("SELECT sent FROM outbox_stats()"), 10, "five webhook and five pull deliveries counted");
     assert!(db.value::<bool>("SELECT last_success_at IS NOT NULL FROM outbox_endpoints WHERE name = 'jobs'"));
 
-    // Replay makes sent ones claimable again, with a fresh attempt count.
+    // Replay makes sent ones claimable again, with a fresh budget of attempts and an attempt
+    // number no earlier claim had.
     assert_eq!(db.value::<i64>("SELECT outbox_replay('jobs', now() - interval '1 hour')"), 5);
-    assert_eq!(claim(&mut db.client, "jobs", 10, "30 s"), jobs.iter().map(|&id| (id, 1)).collect::<Vec<_>>());
+    assert_eq!(claim(&mut db.client, "jobs", 10, "30 s"), jobs.iter().map(|&id| (id, 2)).collect::<Vec<_>>());
+    assert_eq!(db.count_to("jobs", "attempts = 1"), 5);
 }
 
 #[test]
@@ -152,7 +154,8 @@ fn nack_backs_off_or_waits_retry_in_and_the_attempt_cap_makes_the_job_dead() {
     assert!(!answer(&mut db, &format!("outbox_ack('jobs', {id}, 3)")), "nor acked");
 
     assert_eq!(db.value::<i32>(&format!("SELECT outbox_requeue({id}, 'jobs')")), 1);
-    assert_eq!(claim(&mut db.client, "jobs", 1, "30 s"), vec![(id, 1)], "requeue starts the attempts afresh");
+    assert_eq!(claim(&mut db.client, "jobs", 1, "30 s"), vec![(id, 4)], "the attempt number goes on");
+    assert_eq!(db.count_to("jobs", &format!("id = {id} AND attempts = 1")), 1, "requeue starts the attempts afresh");
 }
 
 #[test]
@@ -393,4 +396,37 @@ fn a_repeated_ack_looks_its_delivery_up_instead_of_reading_every_sent_one() {
     let [_, sent_entries] = ack_each(&mut consumer, "jobs", &claims, 2);
     // Reading the sent index for each repeated ack would read up to 3,000 entries each time.
     assert!(sent_entries < 10_000, "{sent_entries} entries of outbox_deliveries_sent read");
+}
+
+#[test]
+fn a_claims_attempt_never_repeats_so_a_consumer_whose_lease_ran_out_changes_nothing_after_a_requeue_or_replay() {
+    let mut db = db();
+    pull_endpoint(&mut db, "fenced", "{fenced}", "");
+    let id = db.enqueue("fenced", "{}");
+    let lease_ran_out = |db: &mut Db| db.count_to("fenced", &format!("id = {id} AND available_at <= now()")) == 1;
+    // A consumer claims it and stalls past its lease; an operator requeues it (a fresh budget of
+    // attempts) and another consumer claims it.
+    assert_eq!(claim(&mut db.client, "fenced", 1, "50 milliseconds"), vec![(id, 1)]);
+    db.wait_for("the first lease runs out", Duration::from_secs(10), lease_ran_out);
+    assert_eq!(db.value::<i32>(&format!("SELECT outbox_requeue({id}, 'fenced')")), 1);
+    assert_eq!(db.count_to("fenced", &format!("id = {id} AND attempts = 0")), 1, "the requeue gave a fresh budget");
+    assert_eq!(claim(&mut db.client, "fenced", 1, "1 minute"), vec![(id, 2)], "the new claim's attempt is not the stale one's");
+    // The stalled consumer wakes up: none of its calls touch the live claim.
+    for stale in [
+        format!("outbox_ack('fenced', {id}, 1)"),
+        format!("outbox_nack('fenced', {id}, 1, 'late')"),
+        format!("outbox_extend('fenced', {id}, 1, '1 hour')"),
+    ] {
+        assert!(!answer(&mut db, &stale), "{stale} answered true");
+    }
+    assert_eq!(db.count_to("fenced", &format!("id = {id} AND sent_at IS NULL AND last_error IS NULL AND claimed_by IS NOT NULL")), 1);
+    assert!(answer(&mut db, &format!("outbox_ack('fenced', {id}, 2)")));
+
+    // A replay sends it again: the ack of the attempt that sent it before no longer counts.
+    assert_eq!(db.value::<i64>("SELECT outbox_replay('fenced', now() - interval '1 hour', now() + interval '1 hour')"), 1);
+    assert_eq!(claim(&mut db.client, "fenced", 1, "1 minute"), vec![(id, 3)]);
+    assert!(!answer(&mut db, &format!("outbox_ack('fenced', {id}, 2)")), "an ack from before the replay");
+    assert_eq!(db.count_to("fenced", &format!("id = {id} AND sent_at IS NULL")), 1, "the replayed delivery is not marked sent by it");
+    assert!(answer(&mut db, &format!("outbox_ack('fenced', {id}, 3)")));
+    db.execute("SELECT outbox_endpoint_drop('fenced')");
 }

@@ -76,6 +76,8 @@ struct State {
     /// Requests being answered now, and the most there ever were at once.
     open: usize,
     most_open: usize,
+    /// Connections accepted.
+    connections: usize,
 }
 
 pub struct Receiver {
@@ -86,16 +88,22 @@ pub struct Receiver {
 
 impl Receiver {
     pub fn start(reply: Reply) -> Receiver {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        Receiver::start_on("127.0.0.1", reply)
+    }
+
+    /// A receiver listening on `address`, a loopback address.
+    pub fn start_on(address: &str, reply: Reply) -> Receiver {
+        let listener = TcpListener::bind((address, 0)).unwrap_or_else(|e| panic!("bind {address}: {e}"));
         let port = listener.local_addr().expect("a bound address").port();
         let receiver = Receiver {
-            url: format!("http://127.0.0.1:{port}/events"),
+            url: format!("http://{address}:{port}/events"),
             reply: Arc::new(Mutex::new(reply)),
             state: Arc::new((Mutex::new(State::default()), Condvar::new())),
         };
         let (reply, state) = (receiver.reply.clone(), receiver.state.clone());
         thread::spawn(move || {
             for stream in listener.incoming().flatten() {
+                state.0.lock().unwrap().connections += 1;
                 let (reply, state) = (reply.clone(), state.clone());
                 thread::spawn(move || serve(stream, &reply, &state));
             }
@@ -118,6 +126,11 @@ impl Receiver {
     /// The most requests this receiver had open at the same time.
     pub fn most_open(&self) -> usize {
         self.state.0.lock().unwrap().most_open
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.0.lock().unwrap().connections
     }
 
     /// Requests currently kept open by `Reply::Hold`.

@@ -4,7 +4,7 @@ use super::cluster::{db, wait_until};
 use super::receiver::{Receiver, Reply};
 
 #[test]
-fn sent_events_past_the_retention_are_deleted_and_recent_and_dead_ones_stay() {
+fn sent_events_past_the_retention_and_dead_ones_past_the_dead_retention_are_deleted_and_the_rest_stay() {
     let mut db = db();
     db.insert_deliveries("old", 2500, "sent_at", "now() - interval '2 hours'");
     db.insert_deliveries("recent", 10, "sent_at", "now()");
@@ -23,10 +23,20 @@ fn sent_events_past_the_retention_are_deleted_and_recent_and_dead_ones_stay() {
         db.count("topic IN ('old', 'elsewhere')") == 0
     });
     assert_eq!(db.count("topic = 'recent'"), 10, "recent sent events stay");
-    assert_eq!(db.count("topic = 'dead'"), 10, "dead events stay until requeued or deleted by hand");
+    assert_eq!(db.count("topic = 'dead'"), 10, "dead events stay for outbox.dead_retention (30 days)");
     assert_eq!(db.count("topic = 'pending'"), 10, "pending events stay");
     assert_eq!(db.count_events("topic = 'elsewhere'"), 10, "an event still pending at another endpoint stays");
     assert_eq!(db.count("topic = 'elsewhere'"), 0, "while its old sent delivery goes");
+
+    db.insert_deliveries("dead.recently", 10, "dead_at, attempts", "now() - interval '10 minutes', 10");
+    db.configure(&[("outbox.dead_retention", "1h")]);
+    wait_until("deliveries dead for longer than outbox.dead_retention go, with their events", Duration::from_secs(30), || {
+        db.count_events("topic = 'dead'") == 0
+    });
+    assert_eq!(db.count("topic = 'dead.recently'"), 10, "recently dead ones stay");
+    assert_eq!(db.count("topic = 'pending'"), 10, "pending ones stay");
+    db.execute("ALTER SYSTEM RESET outbox.dead_retention");
+    db.configure(&[]);
 }
 
 #[test]

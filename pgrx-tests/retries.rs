@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use super::cluster::{db, wait_until};
+use super::cluster::{db, wait_until, Db};
 use super::receiver::{Receiver, Reply};
 
 #[test]
@@ -45,4 +45,53 @@ fn retry_after_delays_the_next_attempt() {
     let gap = attempts[1].at - attempts[0].at;
     assert!(gap >= Duration::from_secs(2), "retried after {gap:?}, sooner than Retry-After: 2");
     assert_eq!(db.value::<String>(&format!("SELECT last_error FROM outbox_deliveries WHERE event_id = {id}")), "HTTP 429 (Retry-After 2s)");
+}
+
+/// The relay's statements that record an attempt's outcome, as the workers run them.
+fn relay_statement(text: &str) -> String {
+    text.replace("@extschema@", "public")
+}
+
+#[test]
+fn the_relay_records_an_outcome_only_while_its_claim_is_the_latest_even_after_a_requeue() {
+    let mut db = db();
+    // A disabled endpoint, so that no worker claims the delivery: the test plays the workers'
+    // claims (attempts and fence raised, as sql/claim_batch.sql does) and runs their
+    // statements for the outcomes.
+    db.execute("SELECT outbox_endpoint_set('fenced-relay', 'http://127.0.0.1:9/', '{fenced.relay}'); SELECT outbox_endpoint_disable('fenced-relay')");
+    let id = db.enqueue("fenced.relay", "{}");
+    let claim = format!(
+        "UPDATE outbox_deliveries SET attempts = attempts + 1, fence = fence + 1, claimed_by = pg_backend_pid(), available_at = now() - interval '1 second'
+          WHERE endpoint = 'fenced-relay' AND event_id = {id} RETURNING fence"
+    );
+    let first: i32 = db.value(&claim);
+    db.execute(&format!("SELECT outbox_requeue({id}, 'fenced-relay')"));
+    let second: i32 = db.value(&claim);
+    assert_ne!(first, second, "the claim after a requeue has a fence of its own");
+    let extension: u32 = db.value("SELECT oid FROM pg_extension WHERE extname = 'outbox_ext'");
+    let endpoints = vec!["fenced-relay".to_string()];
+
+    // The first attempt's failure and success arrive late: neither touches the live claim.
+    let failed = db
+        .client
+        .query(
+            &relay_statement(include_str!("../sql/record_failures.sql")),
+            &[&endpoints, &vec![id], &vec![first], &vec!["HTTP 500".to_string()], &vec![60_000f64], &vec![10i32], &extension],
+        )
+        .expect("record_failures.sql");
+    assert!(failed.is_empty(), "a stale failure was recorded");
+    db.client
+        .query(&relay_statement(include_str!("../sql/mark_sent.sql")), &[&endpoints, &vec![id], &vec![first], &extension])
+        .expect("mark_sent.sql");
+    let live = |db: &mut Db| {
+        db.count_to("fenced-relay", &format!("id = {id} AND sent_at IS NULL AND last_error IS NULL AND claimed_by IS NOT NULL"))
+    };
+    assert_eq!(live(&mut db), 1, "the live claim is untouched");
+
+    // The live claim's own outcome is recorded.
+    db.client
+        .query(&relay_statement(include_str!("../sql/mark_sent.sql")), &[&endpoints, &vec![id], &vec![second], &extension])
+        .expect("mark_sent.sql");
+    assert_eq!(db.count_to("fenced-relay", &format!("id = {id} AND sent_at IS NOT NULL")), 1);
+    db.execute("SELECT outbox_endpoint_drop('fenced-relay')");
 }

@@ -117,13 +117,7 @@ fn create_extension_grants_nothing_to_public() {
     );
     assert!(tables.is_empty(), "PUBLIC has privileges on {tables:?}");
     db.fresh_role("nobody_special");
-    // Nor may it hide its own statements from the log as the functions that take a secret do.
-    for call in [
-        "SELECT outbox_enqueue('t', '{}')",
-        "SELECT * FROM outbox_stats()",
-        "SELECT * FROM outbox_workers()",
-        "SET outbox.secret_call = on",
-    ] {
+    for call in ["SELECT outbox_enqueue('t', '{}')", "SELECT * FROM outbox_stats()", "SELECT * FROM outbox_workers()"] {
         let error = db.as_role("nobody_special", call).expect_err("a role with no grants is refused");
         assert_eq!(error.code().map(|c| c.code()), Some("42501"), "{call}: {error}");
     }
@@ -177,7 +171,7 @@ fn the_consumer_recipe_claims_acks_and_records_processed_events_and_nothing_else
                outbox_nack(text, bigint, integer, text, interval), outbox_extend(text, bigint, integer, interval),
                outbox_mark_processed(bigint, text) TO consumer",
     );
-    db.execute("SELECT outbox_endpoint_set('jobs', NULL, kind => 'pull')");
+    db.execute("SELECT outbox_endpoint_set('jobs', NULL, kind => 'pull'); SELECT outbox_endpoint_grant('jobs', 'consumer')");
     let id = db.enqueue("job", "{}");
 
     let claimed = db.as_role("consumer", "SELECT event_id, attempt FROM outbox_claim('jobs')").unwrap();
@@ -213,7 +207,8 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
         "GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_endpoint_stats(), outbox_workers(), outbox_requeue(bigint, text),
                outbox_replay(text, timestamptz, timestamptz), outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean, boolean),
                outbox_endpoint_rotate_secret(text, text, interval), outbox_endpoint_disable(text, text), outbox_endpoint_enable(text),
-               outbox_endpoint_drop(text), outbox_skip(text, bigint) TO operator;
+               outbox_endpoint_drop(text), outbox_skip(text, bigint), outbox_endpoint_grant(text, regrole),
+               outbox_endpoint_revoke(text, regrole) TO operator;
          GRANT SELECT ON outbox, outbox_deliveries TO operator;
          GRANT SELECT (name, kind, topics, timeout, max_attempts, max_in_flight, ordered, notify, failing_since,
                        last_success_at, last_error, disabled_at, disabled_reason) ON outbox_endpoints TO operator",
@@ -235,6 +230,15 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
     assert!(secret.starts_with("whsec_"), "an operator rotates secrets and hands the new one over");
     db.as_role("operator", "SELECT outbox_endpoint_set('audit', 'http://127.0.0.1:9/audit')").expect("an operator adds endpoints");
     db.as_role("operator", "SELECT outbox_endpoint_drop('audit')").expect("and drops them");
+    for call in [
+        "SELECT outbox_endpoint_set('queue', NULL, kind => 'pull')",
+        "SELECT outbox_endpoint_grant('queue', 'operator')",
+        "SELECT outbox_endpoint_revoke('queue', 'operator')",
+        "SELECT outbox_endpoint_drop('queue')",
+    ] {
+        db.as_role("operator", call)
+            .unwrap_or_else(|e| panic!("an operator gives pull endpoints to roles and takes them back: {call}: {e:?}"));
+    }
     assert_eq!(db.count(&format!("id = {id} AND dead_at IS NULL AND attempts = 0")), 1);
     for sql in [
         "SELECT outbox_enqueue('t', '{}')",
@@ -332,4 +336,135 @@ fn a_drop_database_that_postgresql_would_refuse_does_not_make_the_workers_leave(
     let id = db.enqueue("still.served", "{}");
     wait_until("the workers still deliver", Duration::from_secs(10), || db.is_sent(id));
     assert_eq!(db.worker_pids(), pids, "no worker left its database");
+}
+
+#[test]
+fn a_pull_endpoint_is_consumed_only_by_the_roles_granted_it() {
+    let mut db = db();
+    for role in ["tenant_a", "tenant_b", "tenant_b_worker"] {
+        db.fresh_role(role);
+        db.execute(&format!(
+            "GRANT EXECUTE ON FUNCTION outbox_claim(text, integer, interval), outbox_ack(text, bigint, integer),
+                   outbox_ack_batch(text, bigint[], integer[]), outbox_nack(text, bigint, integer, text, interval),
+                   outbox_extend(text, bigint, integer, interval) TO {role}"
+        ));
+    }
+    db.execute(
+        "GRANT tenant_b TO tenant_b_worker;
+         SELECT outbox_endpoint_set('a-jobs', NULL, '{a.*}', kind => 'pull');
+         SELECT outbox_endpoint_set('b-jobs', NULL, '{b.*}', kind => 'pull');
+         SELECT outbox_endpoint_grant('a-jobs', 'tenant_a');
+         SELECT outbox_endpoint_grant('b-jobs', 'tenant_b')",
+    );
+    let (a, b) = (db.enqueue("a.job", "{}"), db.enqueue("b.job", "{}"));
+    let claimed = db.as_role("tenant_a", "SELECT event_id, attempt FROM outbox_claim('a-jobs')").unwrap();
+    assert_eq!((claimed[0].get::<_, i64>(0), claimed[0].get::<_, i32>(1)), (a, 1), "a granted role claims");
+    let state = |db: &mut Db| -> Vec<String> {
+        db.column(
+            "SELECT concat_ws(' ', endpoint, event_id, attempts, fence, available_at, sent_at, dead_at, last_error)
+                     FROM outbox_deliveries WHERE endpoint IN ('a-jobs', 'b-jobs') ORDER BY endpoint",
+        )
+    };
+    let before = state(&mut db);
+    // tenant_b knows (or guesses) a's event id and attempt: every call is refused, and nothing changes.
+    for call in [
+        "SELECT * FROM outbox_claim('a-jobs')".to_string(),
+        format!("SELECT outbox_ack('a-jobs', {a}, 1)"),
+        format!("SELECT * FROM outbox_ack_batch('a-jobs', ARRAY[{a}], ARRAY[1])"),
+        format!("SELECT outbox_nack('a-jobs', {a}, 1, 'stolen')"),
+        format!("SELECT outbox_extend('a-jobs', {a}, 1, '1 day')"),
+        "SELECT * FROM outbox_claim('no-such-endpoint')".to_string(),
+    ] {
+        refused(&mut db, "tenant_b", &call);
+    }
+    assert_eq!(state(&mut db), before, "the refused calls changed nothing");
+    // A member of a granted role consumes for it; taking the grant back refuses the next call.
+    let claimed = db.as_role("tenant_b_worker", "SELECT event_id FROM outbox_claim('b-jobs')").unwrap();
+    assert_eq!(claimed[0].get::<_, i64>(0), b);
+    db.execute("SELECT outbox_endpoint_revoke('b-jobs', 'tenant_b')");
+    refused(&mut db, "tenant_b_worker", &format!("SELECT outbox_ack('b-jobs', {b}, 1)"));
+    let acked: bool = db.as_role("tenant_a", &format!("SELECT outbox_ack('a-jobs', {a}, 1)")).unwrap()[0].get(0);
+    assert!(acked);
+    // Only pull endpoints are consumed by roles, and a grant names a role that exists.
+    let error = db.client.batch_execute("SELECT outbox_endpoint_grant('default', 'tenant_a')").expect_err("a webhook endpoint");
+    assert_eq!(error.code().map(|c| c.code()), Some("22023"), "{error}");
+    let error = db.client.batch_execute("SELECT outbox_endpoint_grant('a-jobs', 'no_such_role')").expect_err("no such role");
+    assert_eq!(error.code().map(|c| c.code()), Some("42704"), "{error}");
+    db.execute("SELECT outbox_endpoint_drop('a-jobs'); SELECT outbox_endpoint_drop('b-jobs')");
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_endpoint_consumers"), 0, "a dropped endpoint's grants go with it");
+}
+
+/// The SQL block of README.md that follows `marker`, as written there.
+fn readme_sql_after(marker: &str) -> String {
+    let readme = include_str!("../README.md");
+    let after = &readme[readme.find(marker).unwrap_or_else(|| panic!("README.md has {marker:?}"))..];
+    let start = after.find("```sql\n").expect("a sql block follows") + "```sql\n".len();
+    let end = after[start..].find("```").expect("the block ends");
+    after[start..start + end].to_string()
+}
+
+#[test]
+fn the_install_recipe_as_written_calls_no_function_another_role_planted() {
+    let mut db = db();
+    db.execute("DROP DATABASE IF EXISTS outbox_recipe WITH (FORCE)");
+    for role in ["app_producer", "app_consumer", "ops", "monitor", "planter"] {
+        db.fresh_role(role);
+    }
+    db.execute("CREATE DATABASE outbox_recipe");
+    let mut admin = db.connect("outbox_recipe", "postgres");
+    admin.batch_execute(&readme_sql_after("<!-- the install recipe:")).expect("the install recipe runs as written");
+    admin
+        .batch_execute(
+            "SELECT outbox.outbox_endpoint_set('mailer', NULL, '{order.*}', kind => 'pull');
+             CREATE TABLE public.captured (what text);
+             GRANT INSERT ON public.captured TO PUBLIC;
+             GRANT CREATE ON SCHEMA public TO planter",
+        )
+        .unwrap();
+    admin.batch_execute(&readme_sql_after("### GRANT recipes")).expect("the GRANT recipes run as written");
+    // planter may create in public (as a database's owner may, and on PostgreSQL 14 and older
+    // everyone): it plants functions of our names, exact matches for calls whose arguments are
+    // text or varchar (as JDBC sends strings), hoping to catch secrets and events.
+    let mut planter = db.connect("outbox_recipe", "planter");
+    planter
+        .batch_execute(
+            "CREATE FUNCTION public.outbox_endpoint_rotate_secret(name text, secret text DEFAULT NULL, grace interval DEFAULT '1 day')
+               RETURNS text LANGUAGE sql AS $$ INSERT INTO public.captured VALUES ('secret ' || name) RETURNING 'whsec_planted' $$;
+             CREATE FUNCTION public.outbox_endpoint_rotate_secret(name varchar, secret varchar)
+               RETURNS text LANGUAGE sql AS $$ INSERT INTO public.captured VALUES ('secret ' || secret) RETURNING 'whsec_planted' $$;
+             CREATE FUNCTION public.outbox_enqueue(topic varchar, payload jsonb)
+               RETURNS bigint LANGUAGE sql AS $$ INSERT INTO public.captured VALUES ('event ' || topic) RETURNING -1::bigint $$;
+             CREATE FUNCTION public.outbox_ack(endpoint varchar, event_id bigint, attempt integer)
+               RETURNS boolean LANGUAGE sql AS $$ INSERT INTO public.captured VALUES ('ack ' || event_id) RETURNING true $$;",
+        )
+        .unwrap();
+    let captured = |admin: &mut postgres::Client| -> Vec<String> {
+        admin.query("SELECT what FROM public.captured ORDER BY what", &[]).unwrap().iter().map(|row| row.get(0)).collect()
+    };
+
+    // The calls of the README's examples, by the recipe's roles, with varchar arguments too.
+    let mut producer = db.connect("outbox_recipe", "app_producer");
+    let id: i64 = producer
+        .query_one("SELECT outbox.outbox_enqueue($1::varchar, '{\"order_id\": 1}')", &[&"order.placed"])
+        .expect("the producer enqueues")
+        .get(0);
+    let mut ops = db.connect("outbox_recipe", "ops");
+    let secret: String = ops.query_one("SELECT outbox.outbox_endpoint_rotate_secret('default')", &[]).unwrap().get(0);
+    let supplied = "whsec_c3VwcGxpZWQtc3VwcGxpZWQtc3VwcGxpZWQ=";
+    let echoed: String =
+        ops.query_one("SELECT outbox.outbox_endpoint_rotate_secret($1::varchar, $2::varchar)", &[&"default", &supplied]).unwrap().get(0);
+    let mut consumer = db.connect("outbox_recipe", "app_consumer");
+    let claimed = consumer.query_one("SELECT event_id, attempt FROM outbox.outbox_claim('mailer')", &[]).expect("the consumer claims");
+    let acked: bool = consumer
+        .query_one("SELECT outbox.outbox_ack($1::varchar, $2, $3)", &[&"mailer", &claimed.get::<_, i64>(0), &claimed.get::<_, i32>(1)])
+        .unwrap()
+        .get(0);
+    assert!(id > 0 && secret.starts_with("whsec_") && secret != "whsec_planted" && echoed == supplied && acked);
+    assert_eq!(captured(&mut admin), Vec::<String>::new(), "a planted function caught a call");
+    // The plant is live: a call that relies on the search_path instead is caught.
+    producer.query_one("SELECT outbox_enqueue($1::varchar, '{}')", &[&"order.placed"]).unwrap();
+    assert_eq!(captured(&mut admin), vec!["event order.placed".to_string()]);
+
+    drop((admin, planter, producer, ops, consumer));
+    db.execute("DROP DATABASE outbox_recipe WITH (FORCE)");
 }

@@ -10,14 +10,19 @@ fn every_setting_shows_its_unit_context_and_default() {
     let settings: Vec<(String, String, String, String, bool)> =
         rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
     let expected = [
+        ("outbox.allowed_destinations", "sighup", "", "0.0.0.0/0, ::/0"),
         ("outbox.batch_size", "sighup", "", "100"),
         ("outbox.concurrency", "sighup", "", "128"),
         ("outbox.database", "postmaster", "", ""),
+        ("outbox.dead_retention", "sighup", "s", "30d"),
+        ("outbox.deliver_at_horizon", "superuser", "s", "90d"),
         ("outbox.endpoint_disable_after", "sighup", "s", "5d"),
         ("outbox.http_timeout", "sighup", "ms", "10s"),
         ("outbox.lease", "sighup", "ms", "30s"),
         ("outbox.max_attempts", "sighup", "", "10"),
+        ("outbox.max_bytes_in_flight", "sighup", "B", "64MB"),
         ("outbox.max_payload_bytes", "superuser", "B", "1MB"),
+        ("outbox.max_requests_in_flight", "sighup", "", "256"),
         ("outbox.poll_interval", "sighup", "ms", "1s"),
         ("outbox.relay", "superuser", "", "on"),
         ("outbox.retention", "sighup", "s", "7d"),

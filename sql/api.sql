@@ -219,7 +219,10 @@ AS $$
         SELECT d.endpoint,
                count(*) FILTER (WHERE d.available_at <= now()) AS due,
                count(*) FILTER (WHERE d.available_at > now()) AS later,
-               min(d.available_at) FILTER (WHERE d.available_at <= now()) AS oldest_due
+               min(d.available_at) FILTER (WHERE d.available_at <= now()) AS oldest_due,
+               -- Heads of ordered keys (the one delivery of a key not waiting) that are not due
+               -- for more than an hour, longer than any backoff: a far deliver_at holds the key.
+               count(*) FILTER (WHERE d.key IS NOT NULL AND d.available_at > now() + interval '1 hour') AS far_heads
           FROM @extschema@.outbox_deliveries AS d
          WHERE d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting
          GROUP BY d.endpoint
@@ -246,7 +249,7 @@ AS $$
            CASE WHEN e.disabled_at IS NULL THEN now() - q.oldest_due END,
            e.failing_since,
            e.disabled_at,
-           coalesce(x.blocked_keys, 0)
+           coalesce(x.blocked_keys, 0) + coalesce(q.far_heads, 0)
       FROM @extschema@.outbox_endpoints AS e
       LEFT JOIN queued AS q ON q.endpoint = e.name
       LEFT JOIN behind AS b ON b.endpoint = e.name

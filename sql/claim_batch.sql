@@ -15,19 +15,26 @@
 -- sql/uncount_abandoned.sql). So no claim starts an attempt numbered beyond max_attempts;
 -- only a server crash that loses a claim, committed asynchronously, can repeat a number.
 -- outbox_claim does the same for pull endpoints.
+-- Over all endpoints the claim takes at most $5 deliveries and, counted by their stored size,
+-- about $6 bytes of payload: what the worker's budgets leave (the first one whatever its
+-- size). The endpoints with due deliveries share the $5 equally, and take turns, one
+-- delivery each, oldest first: however many endpoints hang on their requests, the claim
+-- leaves room for the others. Rows locked and not taken stay as they were.
 -- Returns the claimed deliveries, with the delivery envelope as body: {"type", "timestamp",
--- "data"}; then those made dead, with a null body and their last_error.
+-- "data"}, and the claim's fencing token (fence: every claim raises it, nothing lowers it), by
+-- which the worker records the attempt's outcome; then those made dead, with a null body and
+-- their last_error.
 --
 -- Like every statement the workers run, this one runs with search_path = pg_catalog, pg_temp
 -- and names the extension's tables by their schema: with exact argument types, each operator
 -- and function resolves to pg_catalog, whatever anyone created elsewhere.
 WITH claimable AS (
-    SELECT c.row_id, c.attempts >= w.max_attempts AS spent
+    SELECT c.row_id, c.event_id, w.endpoint, c.available_at, c.attempts >= w.max_attempts AS spent
       FROM unnest($1::text[], $2::bigint[], $4::integer[]) AS w (endpoint, max_events, max_attempts)
       JOIN @extschema@.outbox_endpoints AS e
         ON e.name = w.endpoint AND e.kind = 'webhook' AND e.disabled_at IS NULL
      CROSS JOIN LATERAL (
-            SELECT d.ctid AS row_id, d.attempts
+            SELECT d.ctid AS row_id, d.event_id, d.available_at, d.attempts
               FROM @extschema@.outbox_deliveries AS d
              WHERE d.endpoint = w.endpoint
                AND d.sent_at IS NULL
@@ -37,33 +44,51 @@ WITH claimable AS (
              ORDER BY d.available_at, d.event_id
              LIMIT w.max_events
                FOR UPDATE SKIP LOCKED) AS c
+), ranked AS (
+    SELECT claimable.row_id, claimable.spent, claimable.endpoint, claimable.event_id,
+           pg_column_size(o.payload)::bigint AS size,
+           row_number() OVER (PARTITION BY claimable.endpoint ORDER BY claimable.available_at, claimable.event_id) AS turn,
+           dense_rank() OVER (ORDER BY claimable.endpoint) AS endpoint_number
+      FROM claimable
+      JOIN @extschema@.outbox AS o ON o.id = claimable.event_id
+), taken AS (
+    SELECT t.row_id, t.spent
+      FROM (SELECT r.row_id, r.spent, r.turn,
+                   max(r.endpoint_number) OVER () AS endpoints,
+                   row_number() OVER turns AS place,
+                   sum(r.size) OVER turns AS bytes
+              FROM ranked AS r
+            WINDOW turns AS (ORDER BY r.turn, r.endpoint, r.event_id ROWS UNBOUNDED PRECEDING)) AS t
+     WHERE t.spent OR (t.turn <= greatest(1, $5 / t.endpoints) AND t.place <= $5 AND (t.place = 1 OR t.bytes <= $6))
 ), claimed AS (
     -- By the rows' physical addresses (a TID scan): the planner cannot know how few rows the
     -- claim took, and a join would make it read the whole table.
     UPDATE @extschema@.outbox_deliveries AS d
        SET attempts     = d.attempts + 1,
+           fence        = d.fence + 1,
            available_at = clock_timestamp() + l.lease_ms * interval '1 millisecond',
            claimed_by   = pg_backend_pid()
       FROM unnest($1::text[], $3::float8[]) AS l (endpoint, lease_ms)
-     WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable WHERE NOT claimable.spent))
+     WHERE d.ctid = ANY (ARRAY(SELECT taken.row_id FROM taken WHERE NOT taken.spent))
        AND d.endpoint = l.endpoint
-    RETURNING d.endpoint, d.event_id, d.attempts
+    RETURNING d.endpoint, d.event_id, d.attempts, d.fence
 ), spent AS (
     UPDATE @extschema@.outbox_deliveries AS d
        SET dead_at    = now(),
            claimed_by = NULL,
            last_error = CASE WHEN d.claimed_by IS NULL THEN d.last_error
                              ELSE 'the lease of attempt ' || d.attempts || ' ran out with no outcome recorded' END
-     WHERE d.ctid = ANY (ARRAY(SELECT claimable.row_id FROM claimable WHERE claimable.spent))
+     WHERE d.ctid = ANY (ARRAY(SELECT taken.row_id FROM taken WHERE taken.spent))
     RETURNING d.endpoint, d.event_id, d.attempts, d.last_error
 )
 SELECT c.endpoint,
        c.event_id,
        c.attempts,
        json_build_object('type', o.topic, 'timestamp', o.created_at, 'data', o.payload)::text AS body,
-       NULL AS last_error
+       NULL AS last_error,
+       c.fence
   FROM claimed AS c
   JOIN @extschema@.outbox AS o ON o.id = c.event_id
 UNION ALL
-SELECT s.endpoint, s.event_id, s.attempts, NULL, s.last_error
+SELECT s.endpoint, s.event_id, s.attempts, NULL, s.last_error, NULL
   FROM spent AS s

@@ -54,6 +54,7 @@ CREATE TABLE @extschema@.outbox_deliveries (
     endpoint     text        NOT NULL,
     available_at timestamptz NOT NULL DEFAULT now(),
     attempts     integer     NOT NULL DEFAULT 0,
+    fence        integer     NOT NULL DEFAULT 0,
     sent_at      timestamptz,
     dead_at      timestamptz,
     last_error   text,
@@ -65,7 +66,8 @@ CREATE TABLE @extschema@.outbox_deliveries (
 
 COMMENT ON TABLE @extschema@.outbox_deliveries IS 'One row per event and endpoint it was routed to: the delivery state.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.available_at IS 'Not claimable before this; a claim pushes it forward by outbox.lease.';
-COMMENT ON COLUMN @extschema@.outbox_deliveries.attempts IS 'Number of claims so far.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.attempts IS 'Claims since the delivery was created, requeued or replayed: counted against max_attempts.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.fence IS 'The latest claim''s fencing token (the attempt outbox_claim returns): raised by every claim, never lowered, so no two claims of a delivery share one.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.sent_at IS 'Set only after the receiver answered 2xx, or a pull consumer acknowledged it.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.dead_at IS 'Set when attempts reached the cap; outbox_requeue() brings the delivery back.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.last_error IS 'What the last failed attempt saw: HTTP status, timeout or connection error; or that its lease ran out with no outcome.';
@@ -81,10 +83,11 @@ CREATE INDEX outbox_deliveries_pending ON @extschema@.outbox_deliveries (endpoin
 -- Ordered endpoints: the next delivery of a key is the first here.
 CREATE INDEX outbox_deliveries_waiting ON @extschema@.outbox_deliveries (endpoint, key, event_id)
     WHERE waiting;
--- Retention walks sent deliveries oldest first; stats count dead ones without reading history.
+-- Retention walks sent and dead deliveries oldest first; stats count dead ones without
+-- reading history.
 CREATE INDEX outbox_deliveries_sent ON @extschema@.outbox_deliveries (sent_at)
     WHERE sent_at IS NOT NULL;
-CREATE INDEX outbox_deliveries_dead ON @extschema@.outbox_deliveries (endpoint)
+CREATE INDEX outbox_deliveries_dead ON @extschema@.outbox_deliveries (dead_at)
     WHERE dead_at IS NOT NULL;
 
 -- Events that no endpoint was subscribed to when they were enqueued (or whose endpoints were
@@ -147,6 +150,16 @@ CREATE TABLE @extschema@.outbox_delivery_counts (
 
 COMMENT ON TABLE @extschema@.outbox_delivery_counts IS 'Deliveries acknowledged since the extension was created, per endpoint.';
 
+-- Pull endpoints: the roles that may consume each (outbox_endpoint_grant). Roles are kept as
+-- regrole, so pg_dump writes their names and a restore into another cluster finds them again.
+CREATE TABLE @extschema@.outbox_endpoint_consumers (
+    endpoint text    NOT NULL,
+    role     regrole NOT NULL,
+    PRIMARY KEY (endpoint, role)
+);
+
+COMMENT ON TABLE @extschema@.outbox_endpoint_consumers IS 'Roles that may claim, ack, nack and extend the deliveries of a pull endpoint; see outbox_endpoint_grant().';
+
 -- Moved on by every change to an endpoint or its secrets: a worker reads the endpoints again
 -- before its next claim when this differs from what it read them at.
 CREATE SEQUENCE @extschema@.outbox_endpoints_version;
@@ -158,6 +171,7 @@ INSERT INTO @extschema@.outbox_endpoints (name) VALUES ('default');
 -- its row is left out of the dump.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_endpoints', 'WHERE name OPERATOR(pg_catalog.<>) ''default''');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_endpoint_secrets', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_endpoint_consumers', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_deliveries', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_unrouted', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_delivery_counts', '');

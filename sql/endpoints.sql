@@ -1,12 +1,30 @@
 -- Managing endpoints. Like the rest of the API, each function runs as the extension's owner
 -- with search_path pinned to pg_catalog (see sql/api.sql), and raises SQLSTATE 22023
 -- (invalid_parameter_value) for bad input, naming what is wrong but never repeating a URL or
--- a secret, which may carry credentials. Those that take one set outbox.secret_call while
--- they run: the extension's log hook then keeps their statement, and what PostgreSQL may
--- quote of their arguments, out of the server log.
+-- a secret, which may carry credentials.
 
--- Creates or replaces an endpoint; its secrets, deliveries and health stay. New topics apply
--- to events enqueued afterwards (outbox_replay sends older ones); so does ordered = true.
+-- At most this many endpoints, and this many static headers each: every enqueue matches its
+-- topic against every endpoint, and every request carries the headers.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_max_endpoints() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 1000';
+CREATE OR REPLACE FUNCTION @extschema@.outbox_max_headers() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 32';
+
+-- The origin of an http(s) URL, as browsers compare them: scheme, host and port (the scheme's
+-- default when none is given), lowercased; null for null. For outbox_endpoint_set only.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_url_origin(url text)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT lower(m[1]) || '://' || lower(m[2]) || ':'
+           || coalesce(nullif(m[3], '')::integer, CASE lower(m[1]) WHEN 'https' THEN 443 ELSE 80 END)
+      FROM regexp_match(url, '^([A-Za-z]+)://(?:[^/?#]*@)?(\[[^]]*\]|[^/?#:@]+)(?::([0-9]*))?') AS m
+$$;
+
+-- Creates or replaces an endpoint; its deliveries and health stay, and so do its secrets unless
+-- its URL moves to another origin (scheme, host or port): whoever may change the URL must not
+-- receive requests signed for the old receiver, which could be replayed to it. New topics
+-- apply to events enqueued afterwards (outbox_replay sends older ones); so does ordered = true.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_set(
     name text,
     url text,
@@ -23,11 +41,11 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '2s'
-SET outbox.secret_call = on
 AS $$
 DECLARE
     pattern text;
     header record;
+    previous @extschema@.outbox_endpoints;
     was_ordered boolean;
     held boolean := false;
 BEGIN
@@ -68,6 +86,10 @@ BEGIN
     END LOOP;
     IF headers IS NULL OR jsonb_typeof(headers) <> 'object' THEN
         RAISE EXCEPTION 'outbox_endpoint_set: headers must be a JSON object of strings, like {"authorization": "Bearer ..."}'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT count(*) > @extschema@.outbox_max_headers() FROM jsonb_object_keys(headers)) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: at most % headers', @extschema@.outbox_max_headers()
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF (SELECT count(DISTINCT lower(h.key)) <> count(*) FROM jsonb_object_keys(headers) AS h (key)) THEN
@@ -136,7 +158,13 @@ BEGIN
         held := true;
     END IF;
     -- The row of an endpoint that exists, locked for the change (within the lock_timeout).
-    was_ordered := (@extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_set', must_exist => false)).ordered;
+    previous := @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_set', must_exist => false);
+    was_ordered := previous.ordered;
+    IF previous.name IS NULL AND (SELECT count(*) >= @extschema@.outbox_max_endpoints() FROM @extschema@.outbox_endpoints) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: there are already % endpoints, the most there may be', @extschema@.outbox_max_endpoints()
+              USING ERRCODE = 'program_limit_exceeded',
+                    HINT = 'Drop endpoints no longer used, or route several topics to one endpoint.';
+    END IF;
     IF was_ordered AND NOT ordered AND NOT held THEN
         -- Made ordered by someone else meanwhile: taking the table now would reverse the order
         -- above (and could deadlock with outbox_replay, which takes them in that order).
@@ -157,6 +185,17 @@ BEGIN
     ELSIF was_ordered THEN
         -- No longer ordered: whatever waited for its key is due now.
         PERFORM @extschema@.outbox_unorder(outbox_endpoint_set.name);
+    END IF;
+    IF previous.name IS NOT NULL
+       AND @extschema@.outbox_url_origin(previous.url) IS DISTINCT FROM @extschema@.outbox_url_origin(url) THEN
+        DELETE FROM @extschema@.outbox_endpoint_secrets AS s WHERE s.endpoint = outbox_endpoint_set.name;
+        IF FOUND THEN
+            RAISE NOTICE 'outbox_endpoint_set: endpoint % moved to another origin, so its signing secrets were discarded', quote_literal(name)
+                  USING HINT = 'Sign again with outbox_endpoint_rotate_secret(name), and give the new receiver the secret it returns.';
+        END IF;
+    END IF;
+    IF kind <> 'pull' THEN
+        DELETE FROM @extschema@.outbox_endpoint_consumers AS c WHERE c.endpoint = outbox_endpoint_set.name;
     END IF;
     PERFORM nextval('@extschema@.outbox_endpoints_version');
 END
@@ -219,7 +258,6 @@ RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET outbox.secret_call = on
 AS $$
 #variable_conflict use_variable
 DECLARE
@@ -329,6 +367,7 @@ BEGIN
     ON CONFLICT DO NOTHING;
     PERFORM @extschema@.outbox_unorder(outbox_endpoint_drop.name);
     DELETE FROM @extschema@.outbox_endpoint_secrets AS s WHERE s.endpoint = outbox_endpoint_drop.name;
+    DELETE FROM @extschema@.outbox_endpoint_consumers AS c WHERE c.endpoint = outbox_endpoint_drop.name;
     DELETE FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_drop.name;
 END
 $$;
@@ -339,4 +378,47 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_hold_deliveries(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_rotate_secret(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_disable(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_enable(text) FROM PUBLIC;
+-- Lets a role, and every member of it, consume a pull endpoint: claim, ack, nack and extend
+-- its deliveries (sql/pull.sql). No role may until one is granted it, superusers aside.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_grant(endpoint text, role regrole)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF (@extschema@.outbox_endpoint_lock(endpoint, 'outbox_endpoint_grant')).kind <> 'pull' THEN
+        RAISE EXCEPTION 'outbox_endpoint_grant: endpoint % is a webhook endpoint; only pull endpoints are consumed by roles', quote_literal(endpoint)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'outbox_endpoint_grant: role must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    INSERT INTO @extschema@.outbox_endpoint_consumers (endpoint, role)
+    VALUES (outbox_endpoint_grant.endpoint, outbox_endpoint_grant.role)
+    ON CONFLICT DO NOTHING;
+END
+$$;
+
+-- Takes a pull endpoint back from a role: its members' next claim, ack, nack or extend is
+-- refused (42501), unless another role they belong to was granted it. Claims it holds keep
+-- their leases and come back to the queue when those run out.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_revoke(endpoint text, role regrole)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(endpoint, 'outbox_endpoint_revoke');
+    DELETE FROM @extschema@.outbox_endpoint_consumers AS c
+     WHERE c.endpoint = outbox_endpoint_revoke.endpoint AND c.role = outbox_endpoint_revoke.role;
+END
+$$;
+
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_drop(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_grant(text, regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_revoke(text, regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_url_origin(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_max_endpoints() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_max_headers() FROM PUBLIC;

@@ -1,20 +1,23 @@
--- Record acknowledged deliveries ($1 endpoints, $2 event ids, pairwise). sent_at is written
--- here (and, for pull endpoints, by outbox_ack_claims); a delivery that another claimer already
--- marked keeps its first sent_at. The same statement counts them, notes each endpoint's
+-- Record acknowledged deliveries ($1 endpoints, $2 event ids, $3 the fencing token of the claim
+-- each was sent by). sent_at is written here (and, for pull endpoints, by outbox_ack_claims),
+-- only where that claim is still the delivery's latest: a delivery claimed again since (its
+-- lease ran out), or requeued or replayed and claimed again, belongs to the newer claim, which
+-- records its own outcome. The same statement counts them, notes each endpoint's
 -- success and moves ordered keys on, as a consumer's ack does (sql/pull.sql).
--- $3 is the extension the deliveries were claimed from: if it was dropped and created again
+-- $4 is the extension the deliveries were claimed from: if it was dropped and created again
 -- since, these ids now name other events, and nothing is marked.
 WITH sent AS (
     UPDATE @extschema@.outbox_deliveries AS d
        SET sent_at = now(),
            dead_at = NULL,
            waiting = false
-      FROM unnest($1::text[], $2::bigint[]) AS a (endpoint, event_id)
+      FROM unnest($1::text[], $2::bigint[], $3::integer[]) AS a (endpoint, event_id, fence)
      WHERE d.event_id = ANY ($2)
        AND d.event_id = a.event_id
        AND d.endpoint = a.endpoint
+       AND d.fence = a.fence
        AND d.sent_at IS NULL
-       AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $3)
+       AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $4)
     RETURNING d.endpoint, d.event_id, d.key
 )
 -- In endpoint order, so that two workers lock the counter and endpoint rows in the same order.

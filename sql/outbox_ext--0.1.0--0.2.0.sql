@@ -74,6 +74,7 @@ CREATE TABLE @extschema@.outbox_deliveries (
     endpoint     text        NOT NULL,
     available_at timestamptz NOT NULL DEFAULT now(),
     attempts     integer     NOT NULL DEFAULT 0,
+    fence        integer     NOT NULL DEFAULT 0,
     sent_at      timestamptz,
     dead_at      timestamptz,
     last_error   text,
@@ -85,7 +86,8 @@ CREATE TABLE @extschema@.outbox_deliveries (
 
 COMMENT ON TABLE @extschema@.outbox_deliveries IS 'One row per event and endpoint it was routed to: the delivery state.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.available_at IS 'Not claimable before this; a claim pushes it forward by outbox.lease.';
-COMMENT ON COLUMN @extschema@.outbox_deliveries.attempts IS 'Number of claims so far.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.attempts IS 'Claims since the delivery was created, requeued or replayed: counted against max_attempts.';
+COMMENT ON COLUMN @extschema@.outbox_deliveries.fence IS 'The latest claim''s fencing token (the attempt outbox_claim returns): raised by every claim, never lowered, so no two claims of a delivery share one.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.sent_at IS 'Set only after the receiver answered 2xx, or a pull consumer acknowledged it.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.dead_at IS 'Set when attempts reached the cap; outbox_requeue() brings the delivery back.';
 COMMENT ON COLUMN @extschema@.outbox_deliveries.last_error IS 'What the last failed attempt saw: HTTP status, timeout or connection error; or that its lease ran out with no outcome.';
@@ -101,10 +103,11 @@ CREATE INDEX outbox_deliveries_pending ON @extschema@.outbox_deliveries (endpoin
 -- Ordered endpoints: the next delivery of a key is the first here.
 CREATE INDEX outbox_deliveries_waiting ON @extschema@.outbox_deliveries (endpoint, key, event_id)
     WHERE waiting;
--- Retention walks sent deliveries oldest first; stats count dead ones without reading history.
+-- Retention walks sent and dead deliveries oldest first; stats count dead ones without
+-- reading history.
 CREATE INDEX outbox_deliveries_sent ON @extschema@.outbox_deliveries (sent_at)
     WHERE sent_at IS NOT NULL;
-CREATE INDEX outbox_deliveries_dead ON @extschema@.outbox_deliveries (endpoint)
+CREATE INDEX outbox_deliveries_dead ON @extschema@.outbox_deliveries (dead_at)
     WHERE dead_at IS NOT NULL;
 
 -- Events that no endpoint was subscribed to when they were enqueued (or whose endpoints were
@@ -167,6 +170,16 @@ CREATE TABLE @extschema@.outbox_delivery_counts (
 
 COMMENT ON TABLE @extschema@.outbox_delivery_counts IS 'Deliveries acknowledged since the extension was created, per endpoint.';
 
+-- Pull endpoints: the roles that may consume each (outbox_endpoint_grant). Roles are kept as
+-- regrole, so pg_dump writes their names and a restore into another cluster finds them again.
+CREATE TABLE @extschema@.outbox_endpoint_consumers (
+    endpoint text    NOT NULL,
+    role     regrole NOT NULL,
+    PRIMARY KEY (endpoint, role)
+);
+
+COMMENT ON TABLE @extschema@.outbox_endpoint_consumers IS 'Roles that may claim, ack, nack and extend the deliveries of a pull endpoint; see outbox_endpoint_grant().';
+
 -- Moved on by every change to an endpoint or its secrets: a worker reads the endpoints again
 -- before its next claim when this differs from what it read them at.
 CREATE SEQUENCE @extschema@.outbox_endpoints_version;
@@ -178,6 +191,7 @@ INSERT INTO @extschema@.outbox_endpoints (name) VALUES ('default');
 -- its row is left out of the dump.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_endpoints', 'WHERE name OPERATOR(pg_catalog.<>) ''default''');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_endpoint_secrets', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_endpoint_consumers', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_deliveries', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_unrouted', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_delivery_counts', '');
@@ -187,8 +201,8 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_key_sequencers', 
 
 -- 0.1.0 delivered every event to one URL: its delivery state becomes the default endpoint's.
 INSERT INTO @extschema@.outbox_deliveries
-       (event_id, endpoint, available_at, attempts, sent_at, dead_at, last_error, claimed_by)
-SELECT o.id, 'default', o.available_at, o.attempts, o.sent_at, o.dead_at, o.last_error, o.claimed_by
+       (event_id, endpoint, available_at, attempts, fence, sent_at, dead_at, last_error, claimed_by)
+SELECT o.id, 'default', o.available_at, o.attempts, o.attempts, o.sent_at, o.dead_at, o.last_error, o.claimed_by
   FROM @extschema@.outbox AS o;
 INSERT INTO @extschema@.outbox_delivery_counts (endpoint, shard, sent)
 SELECT 'default', 0, pg_catalog.count(o.sent_at)
@@ -652,7 +666,10 @@ AS $$
         SELECT d.endpoint,
                count(*) FILTER (WHERE d.available_at <= now()) AS due,
                count(*) FILTER (WHERE d.available_at > now()) AS later,
-               min(d.available_at) FILTER (WHERE d.available_at <= now()) AS oldest_due
+               min(d.available_at) FILTER (WHERE d.available_at <= now()) AS oldest_due,
+               -- Heads of ordered keys (the one delivery of a key not waiting) that are not due
+               -- for more than an hour, longer than any backoff: a far deliver_at holds the key.
+               count(*) FILTER (WHERE d.key IS NOT NULL AND d.available_at > now() + interval '1 hour') AS far_heads
           FROM @extschema@.outbox_deliveries AS d
          WHERE d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting
          GROUP BY d.endpoint
@@ -679,7 +696,7 @@ AS $$
            CASE WHEN e.disabled_at IS NULL THEN now() - q.oldest_due END,
            e.failing_since,
            e.disabled_at,
-           coalesce(x.blocked_keys, 0)
+           coalesce(x.blocked_keys, 0) + coalesce(q.far_heads, 0)
       FROM @extschema@.outbox_endpoints AS e
       LEFT JOIN queued AS q ON q.endpoint = e.name
       LEFT JOIN behind AS b ON b.endpoint = e.name
@@ -724,12 +741,30 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_stats() FROM PUBLIC;
 -- Managing endpoints. Like the rest of the API, each function runs as the extension's owner
 -- with search_path pinned to pg_catalog (see sql/api.sql), and raises SQLSTATE 22023
 -- (invalid_parameter_value) for bad input, naming what is wrong but never repeating a URL or
--- a secret, which may carry credentials. Those that take one set outbox.secret_call while
--- they run: the extension's log hook then keeps their statement, and what PostgreSQL may
--- quote of their arguments, out of the server log.
+-- a secret, which may carry credentials.
 
--- Creates or replaces an endpoint; its secrets, deliveries and health stay. New topics apply
--- to events enqueued afterwards (outbox_replay sends older ones); so does ordered = true.
+-- At most this many endpoints, and this many static headers each: every enqueue matches its
+-- topic against every endpoint, and every request carries the headers.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_max_endpoints() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 1000';
+CREATE OR REPLACE FUNCTION @extschema@.outbox_max_headers() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 32';
+
+-- The origin of an http(s) URL, as browsers compare them: scheme, host and port (the scheme's
+-- default when none is given), lowercased; null for null. For outbox_endpoint_set only.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_url_origin(url text)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT lower(m[1]) || '://' || lower(m[2]) || ':'
+           || coalesce(nullif(m[3], '')::integer, CASE lower(m[1]) WHEN 'https' THEN 443 ELSE 80 END)
+      FROM regexp_match(url, '^([A-Za-z]+)://(?:[^/?#]*@)?(\[[^]]*\]|[^/?#:@]+)(?::([0-9]*))?') AS m
+$$;
+
+-- Creates or replaces an endpoint; its deliveries and health stay, and so do its secrets unless
+-- its URL moves to another origin (scheme, host or port): whoever may change the URL must not
+-- receive requests signed for the old receiver, which could be replayed to it. New topics
+-- apply to events enqueued afterwards (outbox_replay sends older ones); so does ordered = true.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_set(
     name text,
     url text,
@@ -746,11 +781,11 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '2s'
-SET outbox.secret_call = on
 AS $$
 DECLARE
     pattern text;
     header record;
+    previous @extschema@.outbox_endpoints;
     was_ordered boolean;
     held boolean := false;
 BEGIN
@@ -791,6 +826,10 @@ BEGIN
     END LOOP;
     IF headers IS NULL OR jsonb_typeof(headers) <> 'object' THEN
         RAISE EXCEPTION 'outbox_endpoint_set: headers must be a JSON object of strings, like {"authorization": "Bearer ..."}'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT count(*) > @extschema@.outbox_max_headers() FROM jsonb_object_keys(headers)) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: at most % headers', @extschema@.outbox_max_headers()
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF (SELECT count(DISTINCT lower(h.key)) <> count(*) FROM jsonb_object_keys(headers) AS h (key)) THEN
@@ -859,7 +898,13 @@ BEGIN
         held := true;
     END IF;
     -- The row of an endpoint that exists, locked for the change (within the lock_timeout).
-    was_ordered := (@extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_set', must_exist => false)).ordered;
+    previous := @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_set', must_exist => false);
+    was_ordered := previous.ordered;
+    IF previous.name IS NULL AND (SELECT count(*) >= @extschema@.outbox_max_endpoints() FROM @extschema@.outbox_endpoints) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: there are already % endpoints, the most there may be', @extschema@.outbox_max_endpoints()
+              USING ERRCODE = 'program_limit_exceeded',
+                    HINT = 'Drop endpoints no longer used, or route several topics to one endpoint.';
+    END IF;
     IF was_ordered AND NOT ordered AND NOT held THEN
         -- Made ordered by someone else meanwhile: taking the table now would reverse the order
         -- above (and could deadlock with outbox_replay, which takes them in that order).
@@ -880,6 +925,17 @@ BEGIN
     ELSIF was_ordered THEN
         -- No longer ordered: whatever waited for its key is due now.
         PERFORM @extschema@.outbox_unorder(outbox_endpoint_set.name);
+    END IF;
+    IF previous.name IS NOT NULL
+       AND @extschema@.outbox_url_origin(previous.url) IS DISTINCT FROM @extschema@.outbox_url_origin(url) THEN
+        DELETE FROM @extschema@.outbox_endpoint_secrets AS s WHERE s.endpoint = outbox_endpoint_set.name;
+        IF FOUND THEN
+            RAISE NOTICE 'outbox_endpoint_set: endpoint % moved to another origin, so its signing secrets were discarded', quote_literal(name)
+                  USING HINT = 'Sign again with outbox_endpoint_rotate_secret(name), and give the new receiver the secret it returns.';
+        END IF;
+    END IF;
+    IF kind <> 'pull' THEN
+        DELETE FROM @extschema@.outbox_endpoint_consumers AS c WHERE c.endpoint = outbox_endpoint_set.name;
     END IF;
     PERFORM nextval('@extschema@.outbox_endpoints_version');
 END
@@ -942,7 +998,6 @@ RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET outbox.secret_call = on
 AS $$
 #variable_conflict use_variable
 DECLARE
@@ -1052,6 +1107,7 @@ BEGIN
     ON CONFLICT DO NOTHING;
     PERFORM @extschema@.outbox_unorder(outbox_endpoint_drop.name);
     DELETE FROM @extschema@.outbox_endpoint_secrets AS s WHERE s.endpoint = outbox_endpoint_drop.name;
+    DELETE FROM @extschema@.outbox_endpoint_consumers AS c WHERE c.endpoint = outbox_endpoint_drop.name;
     DELETE FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_drop.name;
 END
 $$;
@@ -1062,14 +1118,63 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_hold_deliveries(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_rotate_secret(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_disable(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_enable(text) FROM PUBLIC;
+-- Lets a role, and every member of it, consume a pull endpoint: claim, ack, nack and extend
+-- its deliveries (sql/pull.sql). No role may until one is granted it, superusers aside.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_grant(endpoint text, role regrole)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF (@extschema@.outbox_endpoint_lock(endpoint, 'outbox_endpoint_grant')).kind <> 'pull' THEN
+        RAISE EXCEPTION 'outbox_endpoint_grant: endpoint % is a webhook endpoint; only pull endpoints are consumed by roles', quote_literal(endpoint)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'outbox_endpoint_grant: role must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    INSERT INTO @extschema@.outbox_endpoint_consumers (endpoint, role)
+    VALUES (outbox_endpoint_grant.endpoint, outbox_endpoint_grant.role)
+    ON CONFLICT DO NOTHING;
+END
+$$;
+
+-- Takes a pull endpoint back from a role: its members' next claim, ack, nack or extend is
+-- refused (42501), unless another role they belong to was granted it. Claims it holds keep
+-- their leases and come back to the queue when those run out.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_revoke(endpoint text, role regrole)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(endpoint, 'outbox_endpoint_revoke');
+    DELETE FROM @extschema@.outbox_endpoint_consumers AS c
+     WHERE c.endpoint = outbox_endpoint_revoke.endpoint AND c.role = outbox_endpoint_revoke.role;
+END
+$$;
+
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_drop(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_grant(text, regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_revoke(text, regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_url_origin(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_max_endpoints() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_max_headers() FROM PUBLIC;
 -- Pull endpoints: consumers in any language take their deliveries over SQL, with the lease,
 -- attempts, backoff and dead state the relay workers use for webhooks. A consumer claims,
 -- handles, then acknowledges (ack) or reports a failure (nack); a long job extends its lease.
 --
--- Fencing: a claim returns each delivery's attempt number, and ack, nack and extend name it.
--- Only the current claim may change a delivery: once a lease ran out and another consumer
--- claimed the delivery again, the first one's calls return false and change nothing.
+-- Fencing: a claim returns each delivery's attempt number (its fence column), and ack, nack and
+-- extend name it. Only the current claim may change a delivery: once a lease ran out and
+-- another consumer claimed the delivery again, the first one's calls return false and change
+-- nothing. The number never repeats for a delivery: outbox_requeue and outbox_replay give it
+-- a fresh budget of attempts (the attempts column) but leave the fence to rise on.
+--
+-- Isolation: a pull endpoint is consumed only by the roles an operator granted it
+-- (outbox_endpoint_grant) and by superusers; anyone else's claim, ack, nack or extend raises
+-- SQLSTATE 42501 before it reads or changes anything.
 --
 -- Like the rest of the API, each function runs as the extension's owner with search_path
 -- pinned to pg_catalog (see sql/api.sql); bad arguments raise SQLSTATE 22023.
@@ -1088,11 +1193,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    target @extschema@.outbox_endpoints := @extschema@.outbox_pull_endpoint(outbox_claim.endpoint, 'outbox_claim');
-    cap integer := coalesce(target.max_attempts, nullif(current_setting('outbox.max_attempts', true), '')::integer, 10);
+    target @extschema@.outbox_endpoints;
+    cap integer;
     due tid[];
     at_cap integer;
 BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_claim.endpoint, 'outbox_claim');
+    target := @extschema@.outbox_pull_endpoint(outbox_claim.endpoint, 'outbox_claim');
+    cap := coalesce(target.max_attempts, nullif(current_setting('outbox.max_attempts', true), '')::integer, 10);
     IF max_events IS NULL OR max_events NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'outbox_claim: max_events must be between 1 and 1000'
               USING ERRCODE = 'invalid_parameter_value';
@@ -1133,13 +1241,14 @@ BEGIN
     WITH claimed AS (
         UPDATE @extschema@.outbox_deliveries AS d
            SET attempts     = d.attempts + 1,
+               fence        = d.fence + 1,
                available_at = clock_timestamp() + outbox_claim.lease,
                claimed_by   = pg_backend_pid()
          WHERE d.ctid = ANY (due)
            AND d.attempts < cap
-        RETURNING d.event_id, d.attempts
+        RETURNING d.event_id, d.fence
     )
-    SELECT c.event_id, o.topic, o.payload, o.key, c.attempts, o.created_at
+    SELECT c.event_id, o.topic, o.payload, o.key, c.fence, o.created_at
       FROM claimed AS c
       JOIN @extschema@.outbox AS o ON o.id = c.event_id
      ORDER BY c.event_id;
@@ -1172,6 +1281,7 @@ DECLARE
     ordered_ids bigint[];
     ordered_keys text[];
 BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_ack_claims.endpoint, caller);
     IF event_ids IS NULL OR attempts IS NULL OR cardinality(event_ids) <> cardinality(attempts) THEN
         RAISE EXCEPTION '%: event_ids and attempts must be arrays of the same length', caller
               USING ERRCODE = 'invalid_parameter_value';
@@ -1183,7 +1293,7 @@ BEGIN
          WHERE d.endpoint = outbox_ack_claims.endpoint
            AND d.event_id = ANY (outbox_ack_claims.event_ids)
            AND d.event_id = a.event_id
-           AND d.attempts = a.attempt
+           AND d.fence = a.attempt
            AND d.claimed_by IS NOT NULL
            AND d.sent_at IS NULL
            AND d.dead_at IS NULL
@@ -1211,7 +1321,7 @@ BEGIN
       FROM (SELECT d.event_id, d.sent_at
               FROM unnest(outbox_ack_claims.event_ids, outbox_ack_claims.attempts) AS a (event_id, attempt)
               JOIN @extschema@.outbox_deliveries AS d
-                ON d.endpoint = outbox_ack_claims.endpoint AND d.event_id = a.event_id AND d.attempts = a.attempt
+                ON d.endpoint = outbox_ack_claims.endpoint AND d.event_id = a.event_id AND d.fence = a.attempt
              WHERE d.event_id = ANY (outbox_ack_claims.event_ids)
             OFFSET 0) AS named
      WHERE named.sent_at IS NOT NULL;
@@ -1278,8 +1388,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     went_dead boolean;
+    used integer;
     reason text := left(regexp_replace(coalesce(error, 'nacked without an error'), '[[:cntrl:]]+', ' ', 'g'), 1024);
 BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_nack.endpoint, 'outbox_nack');
     IF retry_in < interval '0' OR retry_in > interval '1 day' THEN
         RAISE EXCEPTION 'outbox_nack: retry_in must be between 0 and 1 day (null: the backoff)'
               USING ERRCODE = 'invalid_parameter_value';
@@ -1299,11 +1411,11 @@ BEGIN
        AND e.kind = 'pull'
        AND d.endpoint = outbox_nack.endpoint
        AND d.event_id = outbox_nack.event_id
-       AND d.attempts = outbox_nack.attempt
+       AND d.fence = outbox_nack.attempt
        AND d.claimed_by IS NOT NULL
        AND d.sent_at IS NULL
        AND d.dead_at IS NULL
-    RETURNING d.dead_at IS NOT NULL INTO went_dead;
+    RETURNING d.dead_at IS NOT NULL, d.attempts INTO went_dead, used;
     IF NOT FOUND THEN
         PERFORM @extschema@.outbox_pull_endpoint(outbox_nack.endpoint, 'outbox_nack');
         RETURN false;
@@ -1316,7 +1428,7 @@ BEGIN
                          FOR NO KEY UPDATE SKIP LOCKED);
     IF went_dead THEN
         RAISE WARNING 'outbox_ext: the delivery of event % to endpoint % is dead after % attempts; last error: %',
-              outbox_nack.event_id, outbox_nack.endpoint, outbox_nack.attempt, reason;
+              outbox_nack.event_id, outbox_nack.endpoint, used, reason;
     END IF;
     RETURN true;
 END
@@ -1333,12 +1445,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_extend.endpoint, 'outbox_extend');
     PERFORM @extschema@.outbox_check_lease(lease, 'outbox_extend');
     UPDATE @extschema@.outbox_deliveries AS d
        SET available_at = clock_timestamp() + outbox_extend.lease
      WHERE d.endpoint = outbox_extend.endpoint
        AND d.event_id = outbox_extend.event_id
-       AND d.attempts = outbox_extend.attempt
+       AND d.fence = outbox_extend.attempt
        AND d.claimed_by IS NOT NULL
        AND d.sent_at IS NULL
        AND d.dead_at IS NULL
@@ -1348,6 +1461,29 @@ BEGIN
         RETURN false;
     END IF;
     RETURN true;
+END
+$$;
+
+-- Raises 42501 unless the session's role may consume the pull endpoint: a superuser, or a
+-- member of a role granted it. Inside the SECURITY DEFINER functions above current_user is
+-- the extension's owner, so the role is the one the session acts as: set by SET ROLE, else
+-- the one it logged in as. For the functions above only, like outbox_note_acked.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_check_consumer(endpoint text, caller text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+AS $$
+DECLARE
+    consumer name := coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user);
+BEGIN
+    IF NOT EXISTS (SELECT FROM @extschema@.outbox_endpoint_consumers AS c
+                    WHERE c.endpoint OPERATOR(pg_catalog.=) outbox_check_consumer.endpoint
+                      AND pg_catalog.pg_has_role(consumer, c.role::pg_catalog.oid, 'MEMBER'))
+       AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) consumer AND r.rolsuper) THEN
+        RAISE EXCEPTION '%: role % may not consume endpoint %', caller, pg_catalog.quote_ident(consumer), pg_catalog.quote_nullable(endpoint)
+              USING ERRCODE = 'insufficient_privilege',
+                    HINT = 'An operator grants it with outbox_endpoint_grant(endpoint, role).';
+    END IF;
 END
 $$;
 
@@ -1397,5 +1533,6 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_ack(text, bigint, integer) FROM PUBLIC
 REVOKE ALL ON FUNCTION @extschema@.outbox_nack(text, bigint, integer, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, integer, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_pull_endpoint(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_check_consumer(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_note_acked(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_check_lease(interval, text) FROM PUBLIC;

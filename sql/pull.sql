@@ -2,9 +2,15 @@
 -- attempts, backoff and dead state the relay workers use for webhooks. A consumer claims,
 -- handles, then acknowledges (ack) or reports a failure (nack); a long job extends its lease.
 --
--- Fencing: a claim returns each delivery's attempt number, and ack, nack and extend name it.
--- Only the current claim may change a delivery: once a lease ran out and another consumer
--- claimed the delivery again, the first one's calls return false and change nothing.
+-- Fencing: a claim returns each delivery's attempt number (its fence column), and ack, nack and
+-- extend name it. Only the current claim may change a delivery: once a lease ran out and
+-- another consumer claimed the delivery again, the first one's calls return false and change
+-- nothing. The number never repeats for a delivery: outbox_requeue and outbox_replay give it
+-- a fresh budget of attempts (the attempts column) but leave the fence to rise on.
+--
+-- Isolation: a pull endpoint is consumed only by the roles an operator granted it
+-- (outbox_endpoint_grant) and by superusers; anyone else's claim, ack, nack or extend raises
+-- SQLSTATE 42501 before it reads or changes anything.
 --
 -- Like the rest of the API, each function runs as the extension's owner with search_path
 -- pinned to pg_catalog (see sql/api.sql); bad arguments raise SQLSTATE 22023.
@@ -23,11 +29,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    target @extschema@.outbox_endpoints := @extschema@.outbox_pull_endpoint(outbox_claim.endpoint, 'outbox_claim');
-    cap integer := coalesce(target.max_attempts, nullif(current_setting('outbox.max_attempts', true), '')::integer, 10);
+    target @extschema@.outbox_endpoints;
+    cap integer;
     due tid[];
     at_cap integer;
 BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_claim.endpoint, 'outbox_claim');
+    target := @extschema@.outbox_pull_endpoint(outbox_claim.endpoint, 'outbox_claim');
+    cap := coalesce(target.max_attempts, nullif(current_setting('outbox.max_attempts', true), '')::integer, 10);
     IF max_events IS NULL OR max_events NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'outbox_claim: max_events must be between 1 and 1000'
               USING ERRCODE = 'invalid_parameter_value';
@@ -68,13 +77,14 @@ BEGIN
     WITH claimed AS (
         UPDATE @extschema@.outbox_deliveries AS d
            SET attempts     = d.attempts + 1,
+               fence        = d.fence + 1,
                available_at = clock_timestamp() + outbox_claim.lease,
                claimed_by   = pg_backend_pid()
          WHERE d.ctid = ANY (due)
            AND d.attempts < cap
-        RETURNING d.event_id, d.attempts
+        RETURNING d.event_id, d.fence
     )
-    SELECT c.event_id, o.topic, o.payload, o.key, c.attempts, o.created_at
+    SELECT c.event_id, o.topic, o.payload, o.key, c.fence, o.created_at
       FROM claimed AS c
       JOIN @extschema@.outbox AS o ON o.id = c.event_id
      ORDER BY c.event_id;
@@ -107,6 +117,7 @@ DECLARE
     ordered_ids bigint[];
     ordered_keys text[];
 BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_ack_claims.endpoint, caller);
     IF event_ids IS NULL OR attempts IS NULL OR cardinality(event_ids) <> cardinality(attempts) THEN
         RAISE EXCEPTION '%: event_ids and attempts must be arrays of the same length', caller
               USING ERRCODE = 'invalid_parameter_value';
@@ -118,7 +129,7 @@ BEGIN
          WHERE d.endpoint = outbox_ack_claims.endpoint
            AND d.event_id = ANY (outbox_ack_claims.event_ids)
            AND d.event_id = a.event_id
-           AND d.attempts = a.attempt
+           AND d.fence = a.attempt
            AND d.claimed_by IS NOT NULL
            AND d.sent_at IS NULL
            AND d.dead_at IS NULL
@@ -146,7 +157,7 @@ BEGIN
       FROM (SELECT d.event_id, d.sent_at
               FROM unnest(outbox_ack_claims.event_ids, outbox_ack_claims.attempts) AS a (event_id, attempt)
               JOIN @extschema@.outbox_deliveries AS d
-                ON d.endpoint = outbox_ack_claims.endpoint AND d.event_id = a.event_id AND d.attempts = a.attempt
+                ON d.endpoint = outbox_ack_claims.endpoint AND d.event_id = a.event_id AND d.fence = a.attempt
              WHERE d.event_id = ANY (outbox_ack_claims.event_ids)
             OFFSET 0) AS named
      WHERE named.sent_at IS NOT NULL;
@@ -213,8 +224,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     went_dead boolean;
+    used integer;
     reason text := left(regexp_replace(coalesce(error, 'nacked without an error'), '[[:cntrl:]]+', ' ', 'g'), 1024);
 BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_nack.endpoint, 'outbox_nack');
     IF retry_in < interval '0' OR retry_in > interval '1 day' THEN
         RAISE EXCEPTION 'outbox_nack: retry_in must be between 0 and 1 day (null: the backoff)'
               USING ERRCODE = 'invalid_parameter_value';
@@ -234,11 +247,11 @@ BEGIN
        AND e.kind = 'pull'
        AND d.endpoint = outbox_nack.endpoint
        AND d.event_id = outbox_nack.event_id
-       AND d.attempts = outbox_nack.attempt
+       AND d.fence = outbox_nack.attempt
        AND d.claimed_by IS NOT NULL
        AND d.sent_at IS NULL
        AND d.dead_at IS NULL
-    RETURNING d.dead_at IS NOT NULL INTO went_dead;
+    RETURNING d.dead_at IS NOT NULL, d.attempts INTO went_dead, used;
     IF NOT FOUND THEN
         PERFORM @extschema@.outbox_pull_endpoint(outbox_nack.endpoint, 'outbox_nack');
         RETURN false;
@@ -251,7 +264,7 @@ BEGIN
                          FOR NO KEY UPDATE SKIP LOCKED);
     IF went_dead THEN
         RAISE WARNING 'outbox_ext: the delivery of event % to endpoint % is dead after % attempts; last error: %',
-              outbox_nack.event_id, outbox_nack.endpoint, outbox_nack.attempt, reason;
+              outbox_nack.event_id, outbox_nack.endpoint, used, reason;
     END IF;
     RETURN true;
 END
@@ -268,12 +281,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_extend.endpoint, 'outbox_extend');
     PERFORM @extschema@.outbox_check_lease(lease, 'outbox_extend');
     UPDATE @extschema@.outbox_deliveries AS d
        SET available_at = clock_timestamp() + outbox_extend.lease
      WHERE d.endpoint = outbox_extend.endpoint
        AND d.event_id = outbox_extend.event_id
-       AND d.attempts = outbox_extend.attempt
+       AND d.fence = outbox_extend.attempt
        AND d.claimed_by IS NOT NULL
        AND d.sent_at IS NULL
        AND d.dead_at IS NULL
@@ -283,6 +297,29 @@ BEGIN
         RETURN false;
     END IF;
     RETURN true;
+END
+$$;
+
+-- Raises 42501 unless the session's role may consume the pull endpoint: a superuser, or a
+-- member of a role granted it. Inside the SECURITY DEFINER functions above current_user is
+-- the extension's owner, so the role is the one the session acts as: set by SET ROLE, else
+-- the one it logged in as. For the functions above only, like outbox_note_acked.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_check_consumer(endpoint text, caller text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+AS $$
+DECLARE
+    consumer name := coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user);
+BEGIN
+    IF NOT EXISTS (SELECT FROM @extschema@.outbox_endpoint_consumers AS c
+                    WHERE c.endpoint OPERATOR(pg_catalog.=) outbox_check_consumer.endpoint
+                      AND pg_catalog.pg_has_role(consumer, c.role::pg_catalog.oid, 'MEMBER'))
+       AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) consumer AND r.rolsuper) THEN
+        RAISE EXCEPTION '%: role % may not consume endpoint %', caller, pg_catalog.quote_ident(consumer), pg_catalog.quote_nullable(endpoint)
+              USING ERRCODE = 'insufficient_privilege',
+                    HINT = 'An operator grants it with outbox_endpoint_grant(endpoint, role).';
+    END IF;
 END
 $$;
 
@@ -332,5 +369,6 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_ack(text, bigint, integer) FROM PUBLIC
 REVOKE ALL ON FUNCTION @extschema@.outbox_nack(text, bigint, integer, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, integer, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_pull_endpoint(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_check_consumer(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_note_acked(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_check_lease(interval, text) FROM PUBLIC;

@@ -1,8 +1,9 @@
--- Record failed attempts ($1 endpoints, $2 event ids, $3 the attempt each was, $4 what went
--- wrong, $5 when to try again in milliseconds (at most an hour), $6 the endpoint's attempt
--- cap): last_error and the retry time, or dead_at at the cap; claimed_by is cleared, as no
--- request is in flight for the delivery any more. Matching on attempts skips
--- deliveries that were claimed again since this attempt started: the newer claim owns them.
+-- Record failed attempts ($1 endpoints, $2 event ids, $3 the fencing token of each attempt's
+-- claim, $4 what went wrong, $5 when to try again in milliseconds (at most an hour), $6 the
+-- endpoint's attempt cap): last_error and the retry time, or dead_at at the cap; claimed_by is
+-- cleared, as no request is in flight for the delivery any more. Matching on the fence skips
+-- deliveries claimed again since this attempt started, also after a requeue or replay gave
+-- them a fresh budget of attempts: the newer claim owns them.
 -- Each endpoint's health notes the failure (failing_since keeps the first one since the last
 -- success). $7 is the extension the deliveries were claimed from, as in mark_sent.sql.
 WITH failed AS (
@@ -12,11 +13,11 @@ WITH failed AS (
            claimed_by   = NULL,
            dead_at      = CASE WHEN d.attempts >= f.max_attempts THEN now() END
       FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::text[], $5::float8[], $6::integer[])
-           AS f (endpoint, event_id, attempts, error, retry_ms, max_attempts)
+           AS f (endpoint, event_id, fence, error, retry_ms, max_attempts)
      WHERE d.event_id = ANY ($2)
        AND d.event_id = f.event_id
        AND d.endpoint = f.endpoint
-       AND d.attempts = f.attempts
+       AND d.fence = f.fence
        AND d.sent_at IS NULL
        AND d.dead_at IS NULL
        AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $7)

@@ -1,5 +1,5 @@
--- Attempts a stopping relay worker abandons ($1 endpoints, $2 event ids, $3 the attempt each
--- was): they do not count. Each delivery keeps its lease, so nobody sends it while the
+-- Attempts a stopping relay worker abandons ($1 endpoints, $2 event ids, $3 the fencing token
+-- of each one's claim): they do not count against the cap (the fence stays: it never goes back). Each delivery keeps its lease, so nobody sends it while the
 -- abandoned request may still reach its receiver; once the lease runs out it is attempted
 -- again, even if this was its last allowed attempt (sql/claim_batch.sql would otherwise make
 -- it dead: a restart is no reason to give up on a delivery). Only this session's current
@@ -7,11 +7,11 @@
 -- claimed from, as in mark_sent.sql.
 UPDATE @extschema@.outbox_deliveries AS d
    SET attempts = d.attempts - 1
-  FROM unnest($1::text[], $2::bigint[], $3::integer[]) AS a (endpoint, event_id, attempts)
+  FROM unnest($1::text[], $2::bigint[], $3::integer[]) AS a (endpoint, event_id, fence)
  WHERE d.event_id = ANY ($2)
    AND d.event_id = a.event_id
    AND d.endpoint = a.endpoint
-   AND d.attempts = a.attempts
+   AND d.fence = a.fence
    AND d.claimed_by = pg_backend_pid()
    AND d.sent_at IS NULL
    AND d.dead_at IS NULL

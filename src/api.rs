@@ -8,7 +8,7 @@ use pgrx::PgSqlErrorCode::{self, ERRCODE_INVALID_PARAMETER_VALUE, ERRCODE_NULL_V
 
 use crate::catalog::{Installation, LIBRARY_VERSION};
 use crate::delivery::OutcomeClass;
-use crate::settings::MAX_PAYLOAD_BYTES;
+use crate::settings::{DELIVER_AT_HORIZON_S, MAX_PAYLOAD_BYTES};
 use crate::worker::{registry, wake};
 
 /// The longest topic `outbox_enqueue` accepts, in bytes.
@@ -47,6 +47,16 @@ fn enqueue(topic: Option<&str>, payload: Option<JsonbArg>, key: Option<&str>, de
     }
     if deliver_at.is_some_and(|at| !at.is_finite()) {
         reject(ERRCODE_INVALID_PARAMETER_VALUE, "outbox_enqueue: deliver_at must be a finite time (null: now)".into())
+    }
+    // A scheduled delivery is kept until it is due, and on an ordered endpoint holds its key.
+    let horizon_s = DELIVER_AT_HORIZON_S.get();
+    // SAFETY: reads the start time of the caller's transaction, which now() returns.
+    let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    if deliver_at.is_some_and(|at| pg_sys::TimestampTz::from(at) > now.saturating_add(i64::from(horizon_s) * 1_000_000)) {
+        reject(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("outbox_enqueue: deliver_at is more than outbox.deliver_at_horizon ({horizon_s} s) from now"),
+        )
     }
     let id = insert_event(topic, payload, key, deliver_at);
     wake::wake_workers_at_commit();

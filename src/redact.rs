@@ -1,35 +1,39 @@
-//! Keeping secrets out of the server log. On a reload PostgreSQL's postmaster logs every
-//! changed setting with its new value (`parameter "outbox.signing_secret" changed to "…"`).
-//! A log hook, installed in the postmaster and so in every process it forks, replaces those
-//! lines for the settings that may hold secrets: the signing secret, and the webhook URL
-//! (credentials and tokens live in its user, password, path or query). The same hook keeps
-//! the text of a statement that may carry an endpoint's secret or URL out of the log: the
-//! `STATEMENT:` line PostgreSQL adds to an error, the detail and context of that error (where
-//! input and bound parameters are quoted), and the lines of `log_statement` and
-//! `log_min_duration_statement`.
+//! Keeping secrets out of the server log without hiding what anyone did.
+//!
+//! On a reload PostgreSQL's postmaster logs every changed setting with its new value
+//! (`parameter "outbox.signing_secret" changed to "…"`). A log hook, installed in the
+//! postmaster and so in every process it forks, replaces those lines for the two settings that
+//! may hold secrets: 0.1.0's signing secret, and the webhook URL (credentials live in its user
+//! and password).
+//!
+//! The database generates endpoint secrets and returns them once, so by default no statement
+//! carries one. A caller may still supply one (`outbox_endpoint_rotate_secret(name, 'whsec_…')`)
+//! or put credentials in a URL. The same hook masks exactly those literals wherever a log line
+//! quotes them (the statement line of `log_statement`, bound parameters, an error's detail,
+//! context and `STATEMENT:` line, an audit extension's line): `whsec_***` and `https://***@host`.
+//! Everything else on the line stays, so no one can keep their statements out of the log by
+//! mentioning a secret, and the hook keeps no state that a rolled-back savepoint could leave
+//! behind.
 
-use std::ffi::CStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ffi::{c_char, CStr, CString};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use pgrx::prelude::*;
-use pgrx::{register_xact_callback, PgXactCallbackEvent};
 
 /// The untranslated message PostgreSQL logs for a changed setting.
 const SETTING_CHANGED: &str = "parameter \"%s\" changed to \"%s\"";
 /// The settings whose values never reach the log.
 const SECRET_SETTINGS: &[&str] = &["outbox.signing_secret", "outbox.webhook_url"];
-/// What a statement that may carry a secret mentions: a secret itself, or a function that
-/// takes a secret or a URL.
-const SECRET_STATEMENT_MARKS: &[&str] = &["whsec_", "outbox_endpoint_set", "outbox_endpoint_rotate_secret"];
-const HIDDEN_STATEMENT: &CStr = c"statement hidden by outbox_ext: it may carry an endpoint's secret or a URL's credentials";
-const HIDDEN_DETAIL: &CStr = c"detail hidden by outbox_ext: it may quote an endpoint's secret or a URL's credentials";
-const HIDDEN_LINE: &CStr = c"log line hidden by outbox_ext: written while a statement that may carry a secret ran";
-
-/// On while EXECUTE runs a prepared statement whose text may carry a secret: the EXECUTE's own
-/// text, which PostgreSQL logs as a failing statement, quotes its arguments.
-static EXECUTING_MARKED: AtomicBool = AtomicBool::new(false);
+/// How every signing secret begins (sql/endpoints.sql accepts no other).
+const SECRET_PREFIX: &[u8] = b"whsec_";
+const MASK: &[u8] = b"***";
 
 static mut PREVIOUS_HOOK: pg_sys::emit_log_hook_type = None;
+
+/// The masked copy of the running statement that `debug_query_string` points to, if any: kept
+/// in TopMemoryContext until the next one replaces it, since PostgreSQL may print the statement
+/// again after this report (a later line of the same statement, or its error's `STATEMENT:`).
+static MASKED_STATEMENT: AtomicPtr<c_char> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Called from `_PG_init` in the postmaster, while shared_preload_libraries is processed.
 pub fn install_log_hook() {
@@ -37,15 +41,16 @@ pub fn install_log_hook() {
     // chain is saved and called, as PostgreSQL's own modules do.
     unsafe {
         PREVIOUS_HOOK = pg_sys::emit_log_hook;
-        pg_sys::emit_log_hook = Some(hide_secret_settings);
+        pg_sys::emit_log_hook = Some(mask_secrets_in_report);
     }
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn hide_secret_settings(edata: *mut pg_sys::ErrorData) {
+unsafe extern "C-unwind" fn mask_secrets_in_report(edata: *mut pg_sys::ErrorData) {
     // SAFETY: PostgreSQL passes the report being emitted; its strings are NUL-terminated and
-    // live in the report's memory context, the current one, where pstrdup puts the new
-    // message. Nothing below can panic (in the postmaster that would stop the server).
+    // live in the report's memory context, the current one, where pstrdup puts the new ones.
+    // debug_query_string is null or the running statement's NUL-terminated text. Nothing below
+    // can panic (in the postmaster that would stop the server).
     unsafe {
         let data = &mut *edata;
         if !data.message_id.is_null() && !data.message.is_null() {
@@ -55,48 +60,19 @@ unsafe extern "C-unwind" fn hide_secret_settings(edata: *mut pg_sys::ErrorData) 
                 data.message = pg_sys::pstrdup(replacement.as_ptr());
             }
         }
-        let marked = |text: *const std::ffi::c_char| !text.is_null() && may_carry_a_secret(CStr::from_ptr(text).to_bytes());
-        let log_line = data.elevel == pg_sys::LOG as i32 || data.elevel == pg_sys::LOG_SERVER_ONLY as i32;
-        // The running statement may carry a secret: its text (or, for EXECUTE, the prepared
-        // statement's) names a function that takes one, or holds one.
-        let statement = EXECUTING_MARKED.load(Ordering::Relaxed) || marked(pg_sys::debug_query_string);
-        // Inside such a function (outbox.secret_call, set by its own SET clause, so also when
-        // it was called by EXECUTE or from another function).
-        let inside = crate::settings::SECRET_CALL.get();
-        if log_line && (marked(data.message) || marked(data.detail)) {
-            // A line that quotes such a statement: log_statement's and the duration lines, and
-            // for EXECUTE of a prepared one, the PREPARE in its detail (or auto_explain's plan).
-            data.message = pg_sys::pstrdup(HIDDEN_STATEMENT.as_ptr());
-            data.detail = std::ptr::null_mut();
-            data.detail_log = std::ptr::null_mut();
-        } else if log_line && inside {
-            // Written for a statement the function runs (auto_explain, an audit extension),
-            // which may show its arguments' values.
-            data.message = pg_sys::pstrdup(HIDDEN_LINE.as_ptr());
-            data.detail = std::ptr::null_mut();
-            data.detail_log = std::ptr::null_mut();
-        }
-        if statement || inside {
-            // A report's message goes to the client too and never holds a secret (the input
-            // functions of json or interval do not repeat their input in it). Left out of the
-            // log: the statement PostgreSQL appends to it, and the detail, where a json parser
-            // quotes its input (the client keeps it).
-            data.hide_stmt = true;
-            if !data.detail.is_null() || !data.detail_log.is_null() {
-                data.detail_log = pg_sys::pstrdup(HIDDEN_DETAIL.as_ptr());
+        for field in [&mut data.message, &mut data.detail, &mut data.detail_log, &mut data.context, &mut data.internalquery] {
+            if let Some(masked) = masked_copy(*field) {
+                *field = pg_sys::pstrdup(masked.as_ptr());
             }
         }
-        if statement {
-            // Left out for the client too, as the log has no field of its own for them: the
-            // context, where PostgreSQL lists bound parameters (log_parameter_max_length_on_error)
-            // or a json parser quotes its input again, and the query of a nested statement.
-            data.context = std::ptr::null_mut();
-            data.internalquery = std::ptr::null_mut();
-            data.internalpos = 0;
-        }
-        // A deadlock's report shows the other sessions' statements in its log-only detail.
-        if marked(data.detail_log) {
-            data.detail_log = pg_sys::pstrdup(HIDDEN_DETAIL.as_ptr());
+        if let Some(masked) = masked_copy(pg_sys::debug_query_string) {
+            let copy = pg_sys::MemoryContextStrdup(pg_sys::TopMemoryContext, masked.as_ptr());
+            pg_sys::debug_query_string = copy;
+            // The previous copy held no secret, so it is not the statement just replaced.
+            let previous = MASKED_STATEMENT.swap(copy, Ordering::Relaxed);
+            if !previous.is_null() {
+                pg_sys::pfree(previous.cast());
+            }
         }
         if let Some(previous) = PREVIOUS_HOOK {
             previous(edata);
@@ -104,36 +80,18 @@ unsafe extern "C-unwind" fn hide_secret_settings(edata: *mut pg_sys::ErrorData) 
     }
 }
 
-/// Whether `statement` is an EXECUTE of a prepared statement whose text may carry a secret.
+/// `text` with its secrets masked, or `None` when it holds none (or is null).
 ///
 /// # Safety
-/// `statement` is null or a valid utility statement node, and a transaction is open.
-pub unsafe fn executes_a_marked_statement(statement: *mut pg_sys::Node) -> bool {
-    // SAFETY: the node's tag says which statement struct it is; FetchPreparedStatement looks
-    // the name up in this session's table (null when there is none: no error is thrown).
-    unsafe {
-        if statement.is_null() || (*statement).type_ != pg_sys::NodeTag::T_ExecuteStmt {
-            return false;
-        }
-        let prepared = pg_sys::FetchPreparedStatement((*(statement as *mut pg_sys::ExecuteStmt)).name, false);
-        !prepared.is_null()
-            && !(*prepared).plansource.is_null()
-            && !(*(*prepared).plansource).query_string.is_null()
-            && may_carry_a_secret(CStr::from_ptr((*(*prepared).plansource).query_string).to_bytes())
+/// `text` is null or a NUL-terminated string.
+unsafe fn masked_copy(text: *const c_char) -> Option<CString> {
+    if text.is_null() {
+        return None;
     }
-}
-
-/// Runs `execute` (an EXECUTE that `executes_a_marked_statement`) with what it logs hidden as
-/// for the statement it executes, also when it fails before that statement starts (its
-/// arguments cannot be converted, say).
-pub fn hiding_what_it_logs<R>(execute: impl FnOnce() -> R) -> R {
-    EXECUTING_MARKED.store(true, Ordering::Relaxed);
-    // An ERROR is logged once it has unwound out of here, before its transaction aborts: the
-    // flag stays on until then.
-    register_xact_callback(PgXactCallbackEvent::Abort, || EXECUTING_MARKED.store(false, Ordering::Relaxed));
-    let result = execute();
-    EXECUTING_MARKED.store(false, Ordering::Relaxed);
-    result
+    // SAFETY: as the caller promises.
+    let masked = mask_secrets(unsafe { CStr::from_ptr(text) }.to_bytes())?;
+    // A masked C string gains no NUL byte.
+    CString::new(masked).ok()
 }
 
 /// What to log instead of a changed secret setting's line, whatever language the server
@@ -150,10 +108,45 @@ pub fn hidden_setting_change(message_id: &[u8], message: &[u8]) -> Option<&'stat
     names.into_iter().find(|(name, _)| contains(message, format!("\"{name}\"").as_bytes())).map(|(_, line)| line)
 }
 
-/// Whether a statement (or a log line quoting one) may carry a secret or a URL's credentials.
-pub fn may_carry_a_secret(text: &[u8]) -> bool {
-    let text = text.to_ascii_lowercase();
-    SECRET_STATEMENT_MARKS.iter().any(|mark| contains(&text, mark.as_bytes()))
+/// `text` with every signing secret (`whsec_` and its base64) and every URL's user and
+/// password (between `://` and the `@` before the host) replaced by `***`; `None` when there
+/// is nothing to mask. Masking what is already masked changes nothing.
+pub fn mask_secrets(text: &[u8]) -> Option<Vec<u8>> {
+    let mut masked = Vec::with_capacity(text.len());
+    let mut at = 0;
+    while at < text.len() {
+        if text[at..].starts_with(SECRET_PREFIX) {
+            let secret = text[at + SECRET_PREFIX.len()..].iter().take_while(|&&b| is_base64(b)).count();
+            masked.extend_from_slice(SECRET_PREFIX);
+            if secret > 0 {
+                masked.extend_from_slice(MASK);
+            }
+            at += SECRET_PREFIX.len() + secret;
+        } else if text[at..].starts_with(b"://") {
+            let authority = &text[at + 3..];
+            let end = authority.iter().position(|&b| ends_authority(b)).unwrap_or(authority.len());
+            masked.extend_from_slice(b"://");
+            at += 3;
+            if let Some(userinfo) = authority[..end].iter().rposition(|&b| b == b'@') {
+                masked.extend_from_slice(MASK);
+                at += userinfo;
+            }
+        } else {
+            masked.push(text[at]);
+            at += 1;
+        }
+    }
+    (masked != text).then_some(masked)
+}
+
+fn is_base64(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'+' | b'/' | b'=')
+}
+
+/// Where a URL's authority (user, password, host, port) ends: at its path, query or fragment,
+/// or where the text around it resumes (a quote, a space, a bracket of the statement).
+fn ends_authority(byte: u8) -> bool {
+    matches!(byte, b'/' | b'?' | b'#' | b'\'' | b'"' | b'\\' | b'(' | b')' | b',' | b';' | b'<' | b'>' | b'`') || byte.is_ascii_whitespace()
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -166,6 +159,10 @@ mod tests {
 
     fn changed(name: &str, value: &str) -> Vec<u8> {
         format!("parameter \"{name}\" changed to \"{value}\"").into_bytes()
+    }
+
+    fn masked(text: &str) -> String {
+        String::from_utf8(mask_secrets(text.as_bytes()).unwrap_or_else(|| text.as_bytes().to_vec())).unwrap()
     }
 
     #[test]
@@ -183,17 +180,45 @@ mod tests {
     }
 
     #[test]
-    fn statements_that_may_carry_a_secret_are_recognised() {
-        assert!(may_carry_a_secret(b"SELECT outbox_endpoint_rotate_secret('x', 'whsec_c2VjcmV0')"));
-        assert!(may_carry_a_secret(b"select public.outbox_endpoint_set('b', 'https://u:p@h/')"));
-        assert!(may_carry_a_secret(b"statement: INSERT INTO t VALUES ('whsec_abc')"));
-        assert!(may_carry_a_secret(b"SELECT OUTBOX_ENDPOINT_SET('b', 'https://u:p@h/')"));
-        assert!(!may_carry_a_secret(b"SELECT outbox_enqueue('order.placed', '{}')"));
+    fn other_setting_lines_are_left_alone() {
+        assert_eq!(hidden_setting_change(SETTING_CHANGED.as_bytes(), &changed("work_mem", "64MB")), None);
+        assert_eq!(hidden_setting_change(b"some other message", &changed("outbox.signing_secret", "x")), None);
     }
 
     #[test]
-    fn other_lines_are_left_alone() {
-        assert_eq!(hidden_setting_change(SETTING_CHANGED.as_bytes(), &changed("work_mem", "64MB")), None);
-        assert_eq!(hidden_setting_change(b"some other message", &changed("outbox.signing_secret", "x")), None);
+    fn only_the_secret_is_masked_and_the_statement_stays() {
+        assert_eq!(
+            masked("statement: SELECT outbox_endpoint_rotate_secret('b', 'whsec_c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0', '1 hour')"),
+            "statement: SELECT outbox_endpoint_rotate_secret('b', 'whsec_***', '1 hour')"
+        );
+        assert_eq!(masked("parameters: $1 = 'b', $2 = 'whsec_c2Vj+/cmV0=='"), "parameters: $1 = 'b', $2 = 'whsec_***'");
+        assert_eq!(masked("DROP TABLE accounts; /* whsec_ */"), "DROP TABLE accounts; /* whsec_ */");
+        assert_eq!(masked("DROP TABLE accounts; /* whsec_x */"), "DROP TABLE accounts; /* whsec_*** */");
+    }
+
+    #[test]
+    fn a_urls_user_and_password_are_masked_and_its_host_and_path_stay() {
+        assert_eq!(
+            masked("SELECT outbox_endpoint_set('b', 'https://relay:pa@ss@h.example:8443/x?t=1')"),
+            "SELECT outbox_endpoint_set('b', 'https://***@h.example:8443/x?t=1')"
+        );
+        assert_eq!(masked("EXECUTE s('http://token@127.0.0.1/')"), "EXECUTE s('http://***@127.0.0.1/')");
+        assert_eq!(masked("see https://h.example/a@b and mailto:x@y"), "see https://h.example/a@b and mailto:x@y");
+        assert_eq!(masked("'http://h' || 'x@y'"), "'http://h' || 'x@y'");
+    }
+
+    #[test]
+    fn masking_twice_changes_nothing_more() {
+        for text in ["x 'whsec_c2VjcmV0' y", "'https://u:p@h/'", "http://@h", "whsec_"] {
+            let once = masked(text);
+            assert_eq!(mask_secrets(once.as_bytes()), None, "{text} -> {once}");
+        }
+    }
+
+    #[test]
+    fn text_without_secrets_is_not_copied() {
+        assert_eq!(mask_secrets(b"SELECT outbox_enqueue('order.placed', '{}')"), None);
+        assert_eq!(mask_secrets(b"SELECT outbox_endpoint_set('b', 'https://h.example/')"), None);
+        assert_eq!(mask_secrets(b""), None);
     }
 }

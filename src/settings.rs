@@ -1,10 +1,13 @@
 //! Every `outbox.*` setting: declared once with its bounds, unit and context, and read into a
 //! plain snapshot that the worker hands to code off the main thread.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::time::Duration;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::prelude::*;
+
+use crate::delivery::Destinations;
 
 pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
@@ -20,9 +23,11 @@ pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
 pub static ENDPOINT_DISABLE_AFTER_S: GucSetting<i32> = GucSetting::<i32>::new(5 * 24 * 3600);
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
-/// On while a function that takes a secret or a URL runs (its own SET clause): what is logged
-/// meanwhile is kept from repeating its arguments (src/redact.rs).
-pub static SECRET_CALL: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static ALLOWED_DESTINATIONS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0.0.0.0/0, ::/0"));
+pub static MAX_REQUESTS_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(256);
+pub static MAX_BYTES_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
+pub static DEAD_RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(30 * 24 * 3600);
+pub static DELIVER_AT_HORIZON_S: GucSetting<i32> = GucSetting::<i32>::new(90 * 24 * 3600);
 
 /// The most relay workers per database (the registry bounds them over all databases).
 pub const MAX_WORKERS: usize = 32;
@@ -52,16 +57,6 @@ pub fn register() {
         none,
     );
     GucRegistry::define_bool_guc(
-        c"outbox.secret_call",
-        c"Set by outbox_endpoint_set and outbox_endpoint_rotate_secret while they run.",
-        c"What is logged meanwhile leaves out the statement, its detail and its context, which may repeat a secret or a URL.",
-        &SECRET_CALL,
-        // Superusers only: anyone else could hide their own statements from the log with it.
-        // The functions' SET clause applies it with their owner's rights.
-        GucContext::Suset,
-        GucFlags::NO_SHOW_ALL,
-    );
-    GucRegistry::define_bool_guc(
         c"outbox.relay",
         c"Whether the relay workers serve this database.",
         c"Set per database (ALTER DATABASE … SET outbox.relay = off), e.g. on a restored copy that must not deliver.",
@@ -88,6 +83,40 @@ pub fn register() {
         &SIGNING_SECRET,
         Sighup,
         GucFlags::SUPERUSER_ONLY,
+    );
+    // SAFETY: the check hook is guarded and only reads the value PostgreSQL passes it.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"outbox.allowed_destinations",
+            c"Addresses the relay may connect to: CIDR blocks, each optionally with :port, comma-separated.",
+            c"Checked on the address a URL's host parses or resolves to. Link-local addresses (169.254.0.0/16, fe80::/10) only when a block within them is listed. Empty allows nothing.",
+            &ALLOWED_DESTINATIONS,
+            Sighup,
+            none,
+            Some(check_allowed_destinations),
+            None,
+            None,
+        );
+    }
+    GucRegistry::define_int_guc(
+        c"outbox.max_requests_in_flight",
+        c"Most requests a relay worker has in flight over all endpoints.",
+        c"Each endpoint also keeps to its max_in_flight; endpoints with work share this fairly, so hanging ones cannot take every slot.",
+        &MAX_REQUESTS_IN_FLIGHT,
+        1,
+        10_000,
+        Sighup,
+        none,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.max_bytes_in_flight",
+        c"Most bytes of request bodies a relay worker holds over all endpoints.",
+        c"A claim takes no more than fits; one delivery is always taken, whatever its size.",
+        &MAX_BYTES_IN_FLIGHT,
+        1024 * 1024,
+        i32::MAX,
+        Sighup,
+        GucFlags::UNIT_BYTE,
     );
     GucRegistry::define_int_guc(c"outbox.batch_size", c"Most events one claim takes.", c"", &BATCH_SIZE, 1, 10_000, Sighup, none);
     GucRegistry::define_int_guc(
@@ -151,6 +180,16 @@ pub fn register() {
         GucFlags::UNIT_S,
     );
     GucRegistry::define_int_guc(
+        c"outbox.dead_retention",
+        c"How long dead deliveries are kept before the workers delete them.",
+        c"Counted from when the delivery went dead; 0 keeps them forever. An event goes with its last delivery.",
+        &DEAD_RETENTION_S,
+        0,
+        i32::MAX,
+        Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
         c"outbox.endpoint_disable_after",
         c"An endpoint failing without a success this long is disabled.",
         c"Its deliveries wait until outbox_endpoint_enable(). 0 never disables an endpoint.",
@@ -170,6 +209,41 @@ pub fn register() {
         Suset,
         GucFlags::UNIT_BYTE,
     );
+    GucRegistry::define_int_guc(
+        c"outbox.deliver_at_horizon",
+        c"Furthest in the future outbox_enqueue accepts a deliver_at.",
+        c"A scheduled delivery is kept, and on an ordered endpoint holds its key, until it is due.",
+        &DELIVER_AT_HORIZON_S,
+        1,
+        i32::MAX,
+        Suset,
+        GucFlags::UNIT_S,
+    );
+}
+
+/// Refuses a value of `outbox.allowed_destinations` that does not parse, naming the entry, so
+/// that a typo is reported where it is made and never takes effect.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_allowed_destinations(
+    value: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes the proposed value, a NUL-terminated string (null for none);
+    // the detail is palloc'd in the current context, as GUC_check_errdetail does.
+    unsafe {
+        if value.is_null() || (*value).is_null() {
+            return true;
+        }
+        match Destinations::parse(&CStr::from_ptr(*value).to_string_lossy()) {
+            Ok(_) => true,
+            Err(e) => {
+                let detail = CString::new(e.to_string()).unwrap_or_default();
+                pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
+                false
+            }
+        }
+    }
 }
 
 /// `outbox.database`: empty for every database.
@@ -201,6 +275,12 @@ pub struct Settings {
     pub retention: Option<Duration>,
     /// `None`: never disable a failing endpoint.
     pub endpoint_disable_after: Option<Duration>,
+    /// `None`: keep dead deliveries forever.
+    pub dead_retention: Option<Duration>,
+    /// `outbox.allowed_destinations` as written.
+    pub allowed_destinations: String,
+    pub max_requests_in_flight: usize,
+    pub max_bytes_in_flight: usize,
 }
 
 impl Settings {
@@ -215,6 +295,10 @@ impl Settings {
             poll_interval: millis(POLL_INTERVAL_MS.get()),
             retention: seconds(RETENTION_S.get()),
             endpoint_disable_after: seconds(ENDPOINT_DISABLE_AFTER_S.get()),
+            dead_retention: seconds(DEAD_RETENTION_S.get()),
+            allowed_destinations: string_value(&ALLOWED_DESTINATIONS),
+            max_requests_in_flight: MAX_REQUESTS_IN_FLIGHT.get() as usize,
+            max_bytes_in_flight: MAX_BYTES_IN_FLIGHT.get() as usize,
         }
     }
 }

@@ -22,8 +22,8 @@ DROP FUNCTION @extschema@.outbox_stats();
 
 -- 0.1.0 delivered every event to one URL: its delivery state becomes the default endpoint's.
 INSERT INTO @extschema@.outbox_deliveries
-       (event_id, endpoint, available_at, attempts, sent_at, dead_at, last_error, claimed_by)
-SELECT o.id, 'default', o.available_at, o.attempts, o.sent_at, o.dead_at, o.last_error, o.claimed_by
+       (event_id, endpoint, available_at, attempts, fence, sent_at, dead_at, last_error, claimed_by)
+SELECT o.id, 'default', o.available_at, o.attempts, o.attempts, o.sent_at, o.dead_at, o.last_error, o.claimed_by
   FROM @extschema@.outbox AS o;
 INSERT INTO @extschema@.outbox_delivery_counts (endpoint, shard, sent)
 SELECT 'default', 0, pg_catalog.count(o.sent_at)

@@ -2,6 +2,7 @@
 //! Rust values, so it runs on the tokio threads and is unit-tested without a server.
 
 mod backoff;
+mod destinations;
 mod doorbell;
 mod outcome;
 #[cfg(test)]
@@ -15,6 +16,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderName, HeaderValue};
 
 pub use backoff::retry_delay;
+pub use destinations::Destinations;
 pub use doorbell::Doorbell;
 pub use outcome::{one_line, Outcome, OutcomeClass, MAX_ERROR_BYTES};
 pub use sender::Sender;
@@ -25,14 +27,19 @@ pub const USER_AGENT: &str = concat!("outbox_ext/", env!("CARGO_PKG_VERSION"));
 /// The longest URL the workers accept.
 pub const MAX_URL_BYTES: usize = 2048;
 
-/// A claimed delivery, ready to send. `body` is the delivery envelope, built by the claim.
+/// A claimed delivery, ready to send. `body` is the delivery envelope, built by the claim, held
+/// once: the request shares it.
 #[derive(Debug, Clone)]
 pub struct Event {
     pub endpoint: Arc<str>,
     pub id: i64,
-    /// Claims so far, this one included.
+    /// Claims since the delivery was created or requeued, this one included: the backoff
+    /// grows with it.
     pub attempts: i32,
-    pub body: String,
+    /// The claim's fencing token, by which its outcome is recorded: no other claim of the
+    /// delivery has it.
+    pub fence: i32,
+    pub body: bytes::Bytes,
 }
 
 /// The result of one attempt, handed back to the main thread to record.
@@ -41,6 +48,9 @@ pub struct Attempt {
     pub endpoint: Arc<str>,
     pub id: i64,
     pub attempts: i32,
+    pub fence: i32,
+    /// The size of the body it sent, held until it finished.
+    pub body_bytes: usize,
     pub outcome: Outcome,
 }
 
@@ -108,7 +118,7 @@ impl Target {
         let id = event.id.to_string();
         let mut headers = vec![("content-type", "application/json".to_string())];
         if !self.keys.is_empty() {
-            let signatures: Vec<String> = self.keys.iter().map(|key| key.sign(&id, timestamp, event.body.as_bytes())).collect();
+            let signatures: Vec<String> = self.keys.iter().map(|key| key.sign(&id, timestamp, &event.body)).collect();
             headers.push(("webhook-signature", signatures.join(" ")));
         }
         headers.push(("webhook-timestamp", timestamp.to_string()));
@@ -125,7 +135,7 @@ mod tests {
     const OLD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
     fn event() -> Event {
-        Event { endpoint: "default".into(), id: 42, attempts: 1, body: r#"{"type":"t","timestamp":"x","data":{}}"#.into() }
+        Event { endpoint: "default".into(), id: 42, attempts: 1, fence: 1, body: r#"{"type":"t","timestamp":"x","data":{}}"#.into() }
     }
 
     fn target(url: &str, secrets: &[&str], headers: &[(&str, &str)]) -> Result<Target, TargetError> {
@@ -170,7 +180,7 @@ mod tests {
         assert_eq!(get("webhook-timestamp").unwrap(), "1700000000");
         assert_eq!(get("content-type").unwrap(), "application/json");
         let key = SigningKey::parse(SECRET).unwrap();
-        assert_eq!(get("webhook-signature").unwrap(), key.sign("42", 1_700_000_000, event().body.as_bytes()));
+        assert_eq!(get("webhook-signature").unwrap(), key.sign("42", 1_700_000_000, &event().body));
         assert_eq!(target.extra_headers[0].0.as_str(), "authorization");
     }
 
@@ -179,7 +189,7 @@ mod tests {
         let target = target("http://127.0.0.1:9/hook", &[SECRET, OLD_SECRET], &[]).unwrap();
         let headers = target.headers(&event(), 7);
         let signature = &headers.iter().find(|(n, _)| *n == "webhook-signature").unwrap().1;
-        let [new, old] = [SECRET, OLD_SECRET].map(|s| SigningKey::parse(s).unwrap().sign("42", 7, event().body.as_bytes()));
+        let [new, old] = [SECRET, OLD_SECRET].map(|s| SigningKey::parse(s).unwrap().sign("42", 7, &event().body));
         assert_eq!(signature, &format!("{new} {old}"));
     }
 

@@ -18,6 +18,8 @@ pub enum Outcome {
     TimedOut,
     /// No answer at all: refused, reset, closed mid-response, DNS, TLS.
     Unreachable(String),
+    /// Not attempted: the destination's address is outside `outbox.allowed_destinations`.
+    Refused,
 }
 
 impl Outcome {
@@ -38,6 +40,7 @@ impl Outcome {
             Outcome::Rejected { status, retry_after: Some(after) } => Some(format!("HTTP {status} (Retry-After {}s)", after.as_secs())),
             Outcome::TimedOut => Some("timeout".to_string()),
             Outcome::Unreachable(reason) => Some(format!("unreachable: {reason}")),
+            Outcome::Refused => Some(super::destinations::REFUSED.to_string()),
         };
         text.map(|t| one_line(&t, MAX_ERROR_BYTES))
     }
@@ -58,7 +61,7 @@ impl Outcome {
             Outcome::Rejected { status: 500..=599, .. } => OutcomeClass::ServerError,
             Outcome::Rejected { .. } => OutcomeClass::OtherStatus,
             Outcome::TimedOut => OutcomeClass::Timeout,
-            Outcome::Unreachable(_) => OutcomeClass::Unreachable,
+            Outcome::Unreachable(_) | Outcome::Refused => OutcomeClass::Unreachable,
         }
     }
 }

@@ -4,24 +4,32 @@
 //! runtime's threads, which never call into PostgreSQL and have every signal blocked so that
 //! PostgreSQL's handlers only ever run on the main thread.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::destinations::{AllowedResolver, DestinationRefused, Destinations};
 use super::{Attempt, Doorbell, Event, Outcome, Target, USER_AGENT};
 
 pub struct Sender {
     runtime: tokio::runtime::Runtime,
-    client: reqwest::Client,
+    /// Where requests may go (`outbox.allowed_destinations`).
+    destinations: Arc<Destinations>,
+    /// One client per destination port, each resolving host names to the addresses allowed on
+    /// that port; made when first needed.
+    clients: HashMap<u16, reqwest::Client>,
     finished_tx: mpsc::Sender<Attempt>,
     finished_rx: mpsc::Receiver<Attempt>,
     doorbell: Arc<Doorbell>,
-    /// The attempts in flight: endpoint, event id, attempt number.
-    in_flight: HashSet<(Arc<str>, i64, i32)>,
+    /// The attempts in flight (endpoint, event id, fencing token), with their bodies' sizes.
+    in_flight: HashMap<(Arc<str>, i64, i32), usize>,
     /// Requests in flight per endpoint: each endpoint has its own budget (`max_in_flight`), so
     /// one that hangs cannot take the slots of another.
     in_flight_to: HashMap<Arc<str>, usize>,
+    /// Bytes of the bodies in flight (`outbox.max_bytes_in_flight` bounds them).
+    held_bytes: usize,
 }
 
 /// Why a worker cannot start sending.
@@ -36,7 +44,7 @@ pub enum SenderError {
 }
 
 impl Sender {
-    pub fn new() -> Result<Sender, SenderError> {
+    pub fn new(destinations: Destinations) -> Result<Sender, SenderError> {
         // Threads inherit the signal mask of the thread that creates them: build the runtime
         // with every signal blocked, so its threads (and the ones they start) never run a
         // PostgreSQL signal handler, not even for an instant after they start.
@@ -44,35 +52,67 @@ impl Sender {
             tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("outbox-http").enable_all().build()
         })
         .map_err(SenderError::Runtime)?;
-        let client = reqwest::Client::builder()
-            .user_agent(USER_AGENT)
-            .redirect(reqwest::redirect::Policy::none())
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build()
-            .map_err(SenderError::Client)?;
+        let destinations = Arc::new(destinations);
+        // Built once here so that a client that cannot be built stops the worker at its start.
+        let client = client_for(&destinations, 443)?;
         let doorbell = Doorbell::new().map_err(SenderError::Doorbell)?;
         let (finished_tx, finished_rx) = mpsc::channel();
         Ok(Sender {
             runtime,
-            client,
+            destinations,
+            clients: HashMap::from([(443, client)]),
             finished_tx,
             finished_rx,
             doorbell: Arc::new(doorbell),
-            in_flight: HashSet::new(),
+            in_flight: HashMap::new(),
             in_flight_to: HashMap::new(),
+            held_bytes: 0,
         })
     }
 
-    /// Starts one attempt; its result comes back through `take_finished`.
+    /// Where requests may go from now on; requests in flight keep going where they went.
+    pub fn allow(&mut self, destinations: Destinations) {
+        if *self.destinations != destinations {
+            self.destinations = Arc::new(destinations);
+            self.clients.clear();
+        }
+    }
+
+    /// Starts one attempt; its result comes back through `take_finished`. A URL whose host is
+    /// an address outside `outbox.allowed_destinations` fails at once, with no connection made;
+    /// a host name's addresses are checked when it is resolved.
     pub fn send(&mut self, target: &Arc<Target>, event: Event) {
-        let (client, target, done, bell) = (self.client.clone(), target.clone(), self.finished_tx.clone(), self.doorbell.clone());
-        self.in_flight.insert((event.endpoint.clone(), event.id, event.attempts));
+        let port = target.url.port_or_known_default().unwrap_or(0);
+        let refused = match target.url.host() {
+            Some(url::Host::Ipv4(ip)) => !self.destinations.allows(SocketAddr::new(ip.into(), port)),
+            Some(url::Host::Ipv6(ip)) => !self.destinations.allows(SocketAddr::new(ip.into(), port)),
+            _ => false,
+        };
+        let client = match self.clients.get(&port) {
+            Some(client) => Ok(client.clone()),
+            None => client_for(&self.destinations, port).inspect(|client| {
+                self.clients.insert(port, client.clone());
+            }),
+        };
+        let (target, done, bell) = (target.clone(), self.finished_tx.clone(), self.doorbell.clone());
+        self.in_flight.insert((event.endpoint.clone(), event.id, event.fence), event.body.len());
+        self.held_bytes += event.body.len();
         *self.in_flight_to.entry(event.endpoint.clone()).or_default() += 1;
         self.runtime.spawn(async move {
-            let outcome = post(&client, &target, &event).await;
+            let outcome = match client {
+                _ if refused => Outcome::Refused,
+                Ok(client) => post(&client, &target, &event).await,
+                Err(e) => Outcome::Unreachable(e.to_string()),
+            };
             // The receiver only disappears when the worker exits; then the result is moot.
-            let _ = done.send(Attempt { endpoint: event.endpoint, id: event.id, attempts: event.attempts, outcome });
+            let _ = done.send(Attempt {
+                endpoint: event.endpoint,
+                id: event.id,
+                attempts: event.attempts,
+                fence: event.fence,
+                body_bytes: event.body.len(),
+                outcome,
+            });
             bell.ring();
         });
     }
@@ -82,7 +122,9 @@ impl Sender {
         self.doorbell.clear();
         let finished: Vec<Attempt> = self.finished_rx.try_iter().collect();
         for attempt in &finished {
-            self.in_flight.remove(&(attempt.endpoint.clone(), attempt.id, attempt.attempts));
+            if let Some(bytes) = self.in_flight.remove(&(attempt.endpoint.clone(), attempt.id, attempt.fence)) {
+                self.held_bytes -= bytes;
+            }
             if let Some(count) = self.in_flight_to.get_mut(&attempt.endpoint) {
                 *count -= 1;
             }
@@ -95,9 +137,19 @@ impl Sender {
         self.in_flight.len()
     }
 
-    /// The attempts in flight now: endpoint, event id, attempt number.
+    /// The attempts in flight now: endpoint, event id, fencing token.
     pub fn in_flight_attempts(&self) -> impl Iterator<Item = &(Arc<str>, i64, i32)> {
-        self.in_flight.iter()
+        self.in_flight.keys()
+    }
+
+    /// Endpoints with requests in flight now.
+    pub fn busy_endpoints(&self) -> usize {
+        self.in_flight_to.len()
+    }
+
+    /// Bytes of the request bodies in flight.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
     }
 
     pub fn in_flight_to(&self, endpoint: &str) -> usize {
@@ -152,9 +204,31 @@ async fn post(client: &reqwest::Client, target: &Target, event: &Event) -> Outco
     }
 }
 
+/// A client for requests to `port`: no redirects followed, no proxy taken from the
+/// environment (it would connect where allowed_destinations does not look), and host names
+/// resolved to allowed addresses only.
+fn client_for(destinations: &Arc<Destinations>, port: u16) -> Result<reqwest::Client, SenderError> {
+    reqwest::Client::builder()
+        .user_agent(USER_AGENT)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Arc::new(AllowedResolver { destinations: destinations.clone(), port }))
+        .tcp_nodelay(true)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build()
+        .map_err(SenderError::Client)
+}
+
 fn transport_failure(error: reqwest::Error) -> Outcome {
     if error.is_timeout() {
         return Outcome::TimedOut;
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    while let Some(error) = cause {
+        if error.is::<DestinationRefused>() {
+            return Outcome::Refused;
+        }
+        cause = error.source();
     }
     // reqwest's own message names the URL, which may carry credentials: drop it. The cause is
     // further down the chain.
@@ -197,7 +271,7 @@ mod tests {
 
     #[test]
     fn runtime_threads_have_every_signal_blocked_and_the_caller_keeps_its_mask() {
-        let sender = Sender::new().unwrap();
+        let sender = Sender::new(Destinations::parse("0.0.0.0/0").unwrap()).unwrap();
         let on_runtime = sender.runtime.block_on(async {
             tokio::spawn(async { [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGINT].map(blocked_on_this_thread) }).await.unwrap()
         });

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use pgrx::prelude::*;
 
-use super::queue::{Claim, EndpointRow};
+use super::queue::{Budget, Claim, EndpointRow};
 use crate::delivery::{Attempt, Sender, Target};
 use crate::settings::Settings;
 
@@ -87,45 +87,66 @@ impl Endpoints {
 
     /// How many deliveries of each endpoint to claim now, and for how long: none for an
     /// endpoint unless at least half a batch fits in its free request slots, so that claims
-    /// stay batched while earlier requests are in flight.
-    pub fn claim_plan(&self, sender: &Sender, settings: &Settings) -> Vec<Claim> {
-        self.claims(sender, settings).collect()
+    /// stay batched while earlier requests are in flight. With it, what the worker's budgets
+    /// leave over all endpoints; none when they are spent.
+    pub fn claim_plan(&self, sender: &Sender, settings: &Settings) -> (Vec<Claim>, Budget) {
+        let budget = budget_left(sender, settings);
+        let plan = if budget.requests > 0 && budget.bytes > 0 { self.claims(sender, settings).collect() } else { Vec::new() };
+        (plan, budget)
     }
 
     /// Whether some endpoint, as last read, can take a claim. Asked on every turn of the
     /// worker's loop, so it builds no plan.
     pub fn can_claim(&self, sender: &Sender, settings: &Settings) -> bool {
-        self.claims(sender, settings).next().is_some()
+        let budget = budget_left(sender, settings);
+        budget.requests > 0 && budget.bytes > 0 && self.claims(sender, settings).next().is_some()
     }
 
-    /// Whether `finished` gave some endpoint back the room for a claim it lacked: its events
-    /// committed meanwhile were left out of every claim, and no commit may come to wake the
-    /// worker for them.
+    /// Whether `finished` gave back the room for a claim that was lacking, to some endpoint or
+    /// in the worker's budgets: events committed meanwhile were left out of every claim, and no
+    /// commit may come to wake the worker for them.
     pub fn room_regained(&self, finished: &[Attempt], sender: &Sender, settings: &Settings) -> bool {
-        self.active.iter().any(|name| {
-            let ended = finished.iter().filter(|attempt| attempt.endpoint == *name).count();
-            let free = self.free_slots(name, sender);
-            let needed = self.room_needed(name, settings);
-            // Saturating: max_in_flight may have been lowered below what was in flight.
-            ended > 0 && free >= needed && free.saturating_sub(ended) < needed
-        })
+        if finished.is_empty() {
+            return false;
+        }
+        let now = budget_left(sender, settings);
+        let freed_bytes: usize = finished.iter().map(|attempt| attempt.body_bytes).sum();
+        let budget_regained = (now.requests > 0 && now.requests <= finished.len()) || (now.bytes > 0 && now.bytes <= freed_bytes);
+        budget_regained
+            || self.active.iter().any(|name| {
+                let ended = finished.iter().filter(|attempt| attempt.endpoint == *name).count();
+                let free = self.free_slots(name, sender, settings);
+                let needed = self.room_needed(name, sender, settings);
+                // Saturating: max_in_flight may have been lowered below what was in flight.
+                ended > 0 && free >= needed && free.saturating_sub(ended) < needed
+            })
     }
 
-    fn free_slots(&self, name: &str, sender: &Sender) -> usize {
-        self.known[name].max_in_flight.saturating_sub(sender.in_flight_to(name))
+    /// The most requests an endpoint may have in flight now: its own max_in_flight, and its
+    /// share of the worker's `outbox.max_requests_in_flight`. The endpoints with requests in
+    /// flight share that, with one share kept for an endpoint that has none yet, so however
+    /// many endpoints hang (each holding its share until its requests time out), the others
+    /// still get theirs.
+    fn slots(&self, name: &str, sender: &Sender, settings: &Settings) -> usize {
+        let share = (settings.max_requests_in_flight / (sender.busy_endpoints() + 1)).max(1);
+        self.known[name].max_in_flight.min(share)
     }
 
-    /// Free request slots an endpoint needs for a claim: half a batch.
-    fn room_needed(&self, name: &str, settings: &Settings) -> usize {
-        settings.batch_size.min(self.known[name].max_in_flight).div_ceil(2)
+    fn free_slots(&self, name: &str, sender: &Sender, settings: &Settings) -> usize {
+        self.slots(name, sender, settings).saturating_sub(sender.in_flight_to(name))
+    }
+
+    /// Free request slots an endpoint needs for a claim: half a batch (of what fits its slots).
+    fn room_needed(&self, name: &str, sender: &Sender, settings: &Settings) -> usize {
+        settings.batch_size.min(self.slots(name, sender, settings)).div_ceil(2)
     }
 
     fn claims<'a>(&'a self, sender: &'a Sender, settings: &'a Settings) -> impl Iterator<Item = Claim> + 'a {
         self.active.iter().filter_map(move |name| {
             let endpoint = &self.known[name];
             let target = endpoint.target.as_ref().ok()?;
-            let free = self.free_slots(name, sender);
-            (free >= self.room_needed(name, settings)).then(|| Claim {
+            let free = self.free_slots(name, sender, settings);
+            (free >= self.room_needed(name, sender, settings)).then(|| Claim {
                 endpoint: name.clone(),
                 limit: free.min(settings.batch_size),
                 lease: settings.lease.max(target.timeout + LEASE_MARGIN),
@@ -154,5 +175,13 @@ impl Endpoints {
     /// The attempt cap of an endpoint, or the setting's for one never seen.
     pub fn max_attempts(&self, name: &str, settings: &Settings) -> i32 {
         self.known.get(name).map_or(settings.max_attempts, |endpoint| endpoint.max_attempts)
+    }
+}
+
+/// The room left in the worker's budgets over all endpoints.
+fn budget_left(sender: &Sender, settings: &Settings) -> Budget {
+    Budget {
+        requests: settings.max_requests_in_flight.saturating_sub(sender.in_flight()),
+        bytes: settings.max_bytes_in_flight.saturating_sub(sender.held_bytes()),
     }
 }

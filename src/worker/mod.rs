@@ -26,7 +26,7 @@ use registry::Found;
 use transaction::TransactionError;
 
 use crate::catalog::LIBRARY_VERSION;
-use crate::delivery::{one_line, Attempt, Outcome, Sender, MAX_ERROR_BYTES};
+use crate::delivery::{one_line, Attempt, Destinations, Outcome, Sender, MAX_ERROR_BYTES};
 use crate::settings::{self, Settings};
 
 /// How long a stopping worker waits for requests in flight before abandoning them.
@@ -37,6 +37,16 @@ const RETENTION_BATCH: usize = 1_000;
 const RETENTION_PAUSE: Duration = Duration::from_secs(10);
 /// How soon acknowledgements that could not be recorded are tried again.
 const ACK_RETRY: Duration = Duration::from_millis(500);
+/// `outbox.allowed_destinations` as the sender takes it. Its check hook refuses a value that
+/// does not parse; should one get through all the same, nothing is allowed, rather than
+/// everything.
+fn allowed_destinations(settings: &Settings, number: usize) -> Destinations {
+    Destinations::parse(&settings.allowed_destinations).unwrap_or_else(|e| {
+        warning!("outbox_ext relay {number}: outbox.allowed_destinations is not valid, so no destination is allowed: {e}");
+        Destinations::default()
+    })
+}
+
 /// A failure that keeps happening is logged again after this long.
 const REPEAT_WARNING_AFTER: Duration = Duration::from_secs(60);
 
@@ -58,14 +68,15 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
         // SAFETY: no transaction is open.
         unsafe { pg_sys::proc_exit(0) };
     };
-    let sender = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {number}: {e}"));
+    let settings = Settings::read();
+    let sender = Sender::new(allowed_destinations(&settings, number)).unwrap_or_else(|e| error!("outbox_ext relay {number}: {e}"));
     let mut relay = Relay {
         number,
         database,
         database_name: transaction::run(database_name).unwrap_or_default(),
         connected_as_of,
         slot,
-        settings: Settings::read(),
+        settings,
         sender,
         endpoints: Endpoints::default(),
         unrecorded_acks: Vec::new(),
@@ -95,7 +106,7 @@ struct Relay {
     /// Deliveries the receiver acknowledged whose `sent_at` could not be written yet; retried until
     /// it is, so an acknowledgement is never lost to a failed transaction. Nothing new is
     /// claimed meanwhile.
-    unrecorded_acks: Vec<(Arc<str>, i64)>,
+    unrecorded_acks: Vec<(Arc<str>, i64, i32)>,
     /// The last failure logged and when: the same failure is logged again only after a while.
     last_warning: Option<(String, Instant)>,
 }
@@ -129,7 +140,8 @@ impl Relay {
                 Stop::Shutdown | Stop::LeavingDatabase | Stop::RelayChanged => return,
                 Stop::ExtensionChanged => {
                     // What is in flight belongs to rows that are gone: drop it unrecorded.
-                    let fresh = Sender::new().unwrap_or_else(|e| error!("outbox_ext relay {}: {e}", self.number));
+                    let fresh = Sender::new(allowed_destinations(&self.settings, self.number))
+                        .unwrap_or_else(|e| error!("outbox_ext relay {}: {e}", self.number));
                     std::mem::replace(&mut self.sender, fresh).abandon();
                     self.unrecorded_acks.clear();
                     self.endpoints = Endpoints::default();
@@ -303,6 +315,7 @@ impl Relay {
         // SAFETY: main thread, outside a transaction, as PostgreSQL's own SIGHUP handling does.
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         self.settings = Settings::read();
+        self.sender.allow(allowed_destinations(&self.settings, self.number));
     }
 
     /// Publishes when the settings were read.
@@ -326,11 +339,11 @@ impl Relay {
         if read_endpoints {
             self.read_endpoints(queries)?;
         }
-        let plan = self.endpoints.claim_plan(&self.sender, &self.settings);
+        let (plan, budget) = self.endpoints.claim_plan(&self.sender, &self.settings);
         if plan.is_empty() || !self.unrecorded_acks.is_empty() {
             return Ok(None);
         }
-        match queue::claim_batch(queries, &plan, self.endpoints.version) {
+        match queue::claim_batch(queries, &plan, budget, self.endpoints.version) {
             // Claims again with what the endpoints are now (once: a change during this claim
             // is seen by the next one).
             Ok(queue::Claimed::EndpointsChanged) if !read_endpoints => self.claim_and_send(queries, true),
@@ -401,7 +414,7 @@ impl Relay {
         }
         self.slot.in_flight.store(self.sender.in_flight() as i64, Ordering::Relaxed);
 
-        self.unrecorded_acks.extend(delivered.iter().map(|a| (a.endpoint.clone(), a.id)));
+        self.unrecorded_acks.extend(delivered.iter().map(|a| (a.endpoint.clone(), a.id, a.fence)));
         let mut released = false;
         if !self.unrecorded_acks.is_empty() {
             match queue::mark_sent(queries, &self.unrecorded_acks) {
@@ -429,13 +442,15 @@ impl Relay {
         Ok(released)
     }
 
-    /// Deletes one batch of sent events past `outbox.retention`; returns when to run again:
-    /// at once while there is more, after a pause once caught up.
+    /// Deletes one batch of deliveries sent longer ago than `outbox.retention` or dead longer
+    /// than `outbox.dead_retention`, and the events they leave behind; returns when to run
+    /// again: at once while there is more, after a pause once caught up.
     fn delete_expired(&mut self, queries: &Queries) -> Result<Instant, Stop> {
-        let Some(retention) = self.settings.retention.filter(|_| self.number == 1) else {
+        let (retention, dead_retention) = (self.settings.retention, self.settings.dead_retention);
+        if self.number != 1 || (retention.is_none() && dead_retention.is_none()) {
             return Ok(Instant::now() + RETENTION_PAUSE);
-        };
-        match queue::delete_expired(queries, retention, RETENTION_BATCH) {
+        }
+        match queue::delete_expired(queries, retention, dead_retention, RETENTION_BATCH) {
             Ok(deleted) if deleted >= RETENTION_BATCH => Ok(Instant::now()),
             Ok(_) => Ok(Instant::now() + RETENTION_PAUSE),
             Err(e) => self.failed("deleting expired events", e, queries).map(|()| Instant::now() + RETENTION_PAUSE),

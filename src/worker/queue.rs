@@ -33,6 +33,14 @@ pub struct Claim {
     pub ordered: bool,
 }
 
+/// What a claim may take over all its endpoints: the room left in the worker's budgets
+/// (`outbox.max_requests_in_flight`, `outbox.max_bytes_in_flight`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub requests: usize,
+    pub bytes: usize,
+}
+
 /// A webhook endpoint as its row says, before the worker makes a `Target` of it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndpointRow {
@@ -73,7 +81,7 @@ pub struct Queries {
 
 /// The statements for `installation`, prepared in a transaction of their own.
 pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> {
-    use pg_sys::{FLOAT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID, OIDOID, TEXTARRAYOID};
+    use pg_sys::{FLOAT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8OID, OIDOID, TEXTARRAYOID};
     let prepared = transaction::run(|| {
         Spi::connect_mut(|client| {
             let prepare = |sql: &str, types: &[pg_sys::Oid]| -> Result<OwnedPreparedStatement, pgrx::spi::SpiError> {
@@ -83,8 +91,8 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
             Ok([
                 prepare(ENDPOINTS_VERSION, &[])?,
                 prepare(SEQUENCE, &[TEXTARRAYOID])?,
-                prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID])?,
-                prepare(include_str!("../../sql/mark_sent.sql"), &[TEXTARRAYOID, INT8ARRAYOID, OIDOID])?,
+                prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, INT8OID, INT8OID])?,
+                prepare(include_str!("../../sql/mark_sent.sql"), &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, OIDOID])?,
                 prepare(
                     include_str!("../../sql/record_failures.sql"),
                     &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, OIDOID],
@@ -246,7 +254,7 @@ pub enum Claimed {
 /// again (they were at most in flight), and the next acknowledgement, committed synchronously,
 /// flushes the claim's WAL with its own. One WAL flush per batch is saved. (A sequencing lost
 /// the same way is done again: its arrivals come back with it.)
-pub fn claim_batch(queries: &Queries, wanted: &[Claim], version: i64) -> Result<Claimed, TransactionError> {
+pub fn claim_batch(queries: &Queries, wanted: &[Claim], budget: Budget, version: i64) -> Result<Claimed, TransactionError> {
     let endpoints: Vec<String> = wanted.iter().map(|claim| claim.endpoint.to_string()).collect();
     let limits: Vec<i64> = wanted.iter().map(|claim| claim.limit as i64).collect();
     let leases: Vec<f64> = wanted.iter().map(|claim| millis(claim.lease)).collect();
@@ -261,7 +269,14 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], version: i64) -> Result<
             if !ordered.is_empty() {
                 client.update(&queries.sequence, None, &[ordered.clone().into()])?;
             }
-            let args = [endpoints.into(), limits.into(), leases.into(), caps.into()];
+            let args = [
+                endpoints.into(),
+                limits.into(),
+                leases.into(),
+                caps.into(),
+                (budget.requests as i64).into(),
+                (budget.bytes as i64).into(),
+            ];
             let mut claimed = Vec::new();
             let mut dead = Vec::new();
             for row in client.update(&queries.claim_batch, None, &args)? {
@@ -269,7 +284,7 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], version: i64) -> Result<
                 let event_id = row.get::<i64>(2)?.unwrap_or_default();
                 let attempts = row.get::<i32>(3)?.unwrap_or_default();
                 match row.get::<String>(4)? {
-                    Some(body) => claimed.push((endpoint, event_id, attempts, body)),
+                    Some(body) => claimed.push((endpoint, event_id, attempts, row.get::<i32>(6)?.unwrap_or_default(), body)),
                     None => dead.push(DeadDelivery { endpoint, event_id, attempts, last_error: row.get(5)?.unwrap_or_default() }),
                 }
             }
@@ -280,26 +295,28 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], version: i64) -> Result<
     // Share the endpoint names the worker already holds instead of one copy per delivery.
     let claimed = claimed
         .into_iter()
-        .filter_map(|(endpoint, id, attempts, body)| {
+        .filter_map(|(endpoint, id, attempts, fence, body)| {
             let endpoint = wanted.iter().find(|claim| *claim.endpoint == *endpoint)?.endpoint.clone();
-            Some(Event { endpoint, id, attempts, body })
+            Some(Event { endpoint, id, attempts, fence, body: body.into() })
         })
         .collect();
     Ok(Claimed::Deliveries { claimed, dead })
 }
 
-/// Records acknowledged deliveries in a transaction of their own, so that nothing else that
-/// fails can take an acknowledgement with it. Returns how many deliveries of ordered
-/// endpoints that made claimable (the next of each key sent).
-pub fn mark_sent(queries: &Queries, acks: &[(Arc<str>, i64)]) -> Result<i64, TransactionError> {
-    let endpoints: Vec<String> = acks.iter().map(|(endpoint, _)| endpoint.to_string()).collect();
-    let ids: Vec<i64> = acks.iter().map(|(_, id)| *id).collect();
+/// Records acknowledged deliveries (endpoint, event id, fencing token) in a transaction of
+/// their own, so that nothing else that fails can take an acknowledgement with it. Returns how
+/// many deliveries of ordered endpoints that made claimable (the next of each key sent).
+pub fn mark_sent(queries: &Queries, acks: &[(Arc<str>, i64, i32)]) -> Result<i64, TransactionError> {
+    let endpoints: Vec<String> = acks.iter().map(|(endpoint, _, _)| endpoint.to_string()).collect();
+    let ids: Vec<i64> = acks.iter().map(|(_, id, _)| *id).collect();
+    let fences: Vec<i32> = acks.iter().map(|(_, _, fence)| *fence).collect();
     transaction::run(|| {
         Spi::connect_mut(|client| {
             // Durable before the worker goes on: an acknowledged delivery is not sent again
             // after a crash. The server's own setting, not the session's (prepare_session).
             client.update("SET LOCAL synchronous_commit TO DEFAULT", None, &[])?;
-            let rows = client.update(&queries.mark_sent, None, &[endpoints.into(), ids.into(), queries.installation.oid.into()])?;
+            let args = [endpoints.into(), ids.into(), fences.into(), queries.installation.oid.into()];
+            let rows = client.update(&queries.mark_sent, None, &args)?;
             let mut released = 0;
             for row in rows {
                 released += i64::from(row.get::<i32>(2)?.unwrap_or(0));
@@ -314,22 +331,15 @@ pub fn mark_sent(queries: &Queries, acks: &[(Arc<str>, i64)]) -> Result<i64, Tra
 pub fn record_failures(queries: &Queries, failed: &[(&Attempt, i32)]) -> Result<Vec<DeadDelivery>, TransactionError> {
     let endpoints: Vec<String> = failed.iter().map(|(a, _)| a.endpoint.to_string()).collect();
     let ids: Vec<i64> = failed.iter().map(|(a, _)| a.id).collect();
-    let attempts: Vec<i32> = failed.iter().map(|(a, _)| a.attempts).collect();
+    let fences: Vec<i32> = failed.iter().map(|(a, _)| a.fence).collect();
     let errors: Vec<String> = failed.iter().map(|(a, _)| a.outcome.last_error().unwrap_or_default()).collect();
     let retry_ms: Vec<f64> =
         failed.iter().map(|(a, _)| millis(retry_delay(a.attempts, a.outcome.retry_after(), fastrand::f64()))).collect();
     let caps: Vec<i32> = failed.iter().map(|(_, cap)| *cap).collect();
     transaction::run(|| {
         Spi::connect_mut(|client| {
-            let args = [
-                endpoints.into(),
-                ids.into(),
-                attempts.into(),
-                errors.into(),
-                retry_ms.into(),
-                caps.into(),
-                queries.installation.oid.into(),
-            ];
+            let args =
+                [endpoints.into(), ids.into(), fences.into(), errors.into(), retry_ms.into(), caps.into(), queries.installation.oid.into()];
             let rows = client.update(&queries.record_failures, None, &args)?;
             let mut dead = Vec::new();
             for row in rows {
@@ -347,22 +357,22 @@ pub fn record_failures(queries: &Queries, failed: &[(&Attempt, i32)]) -> Result<
     })
 }
 
-/// Takes back the attempts a stopping worker abandons (endpoint, event id, attempt number), so
+/// Takes back the attempts a stopping worker abandons (endpoint, event id, fencing token), so
 /// that a restart never uses up a delivery's last attempt.
 pub fn uncount_abandoned<'a>(queries: &Queries, abandoned: impl Iterator<Item = &'a (Arc<str>, i64, i32)>) -> Result<(), TransactionError> {
     let mut endpoints = Vec::new();
     let mut ids = Vec::new();
-    let mut attempts = Vec::new();
-    for (endpoint, id, attempt) in abandoned {
+    let mut fences = Vec::new();
+    for (endpoint, id, fence) in abandoned {
         endpoints.push(endpoint.to_string());
         ids.push(*id);
-        attempts.push(*attempt);
+        fences.push(*fence);
     }
     transaction::run(|| {
         Spi::connect_mut(|client| {
             // A stopping worker must exit within seconds: if a row is locked, the attempt counts.
             client.update("SET LOCAL lock_timeout = '500ms'", None, &[])?;
-            let args = [endpoints.into(), ids.into(), attempts.into(), queries.installation.oid.into()];
+            let args = [endpoints.into(), ids.into(), fences.into(), queries.installation.oid.into()];
             client.update(queries.uncount_abandoned.as_str(), None, &args)?;
             Ok(())
         })
@@ -382,10 +392,15 @@ pub fn note_unusable_endpoints(queries: &Queries, names: Vec<String>, reasons: V
 /// Deletes up to `limit` deliveries sent longer than `retention` ago (and as many unrouted
 /// events that old), then their events once nothing else waits for them; returns how many
 /// deliveries and unrouted events went.
-pub fn delete_expired(queries: &Queries, retention: Duration, limit: usize) -> Result<usize, TransactionError> {
+pub fn delete_expired(
+    queries: &Queries,
+    retention: Option<Duration>,
+    dead_retention: Option<Duration>,
+    limit: usize,
+) -> Result<usize, TransactionError> {
     transaction::run(|| {
         Spi::connect_mut(|client| {
-            let args = [millis(retention).into(), (limit as i64).into()];
+            let args = [retention.map(millis).into(), (limit as i64).into(), dead_retention.map(millis).into()];
             let (deleted, events) = client.update(queries.delete_expired.as_str(), None, &args)?.first().get_two::<i64, Vec<i64>>()?;
             let events = events.unwrap_or_default();
             if !events.is_empty() {

@@ -15,9 +15,6 @@
 //!
 //! A transaction that ran one of these cannot be prepared (PREPARE TRANSACTION): what the relay
 //! must do would then depend on a COMMIT PREPARED that no callback of this session sees.
-//!
-//! The same hook tells the log hook (src/redact.rs) when an EXECUTE runs a prepared statement
-//! that may carry a secret.
 
 use std::ffi::CStr;
 use std::sync::Mutex;
@@ -66,10 +63,6 @@ unsafe extern "C-unwind" fn hear_utility_command(
         }
     };
     // SAFETY: as above; a transaction is open while a utility statement runs.
-    if unsafe { crate::redact::executes_a_marked_statement(statement) } {
-        return crate::redact::hiding_what_it_logs(run);
-    }
-    // SAFETY: as above.
     if unsafe { creates_this_extension(statement) } {
         run();
         let database = registry::my_database();
