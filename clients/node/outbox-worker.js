@@ -14,6 +14,8 @@
  *     pollMs: 1000,              // wait at most this long for a NOTIFY after an empty claim
  *     graceMs: 10000,            // on stop, how long in-flight handlers may take to finish
  *     log: (message) => {},      // connection and database trouble (default: stderr)
+ *     schema: 'public',          // the schema outbox_ext was installed in: calls name it, so no
+ *                                // other schema's function of the same name can be called instead
  *   });
  *   worker.on('handled' | 'duplicate' | 'nacked' | 'lost', (job) => {});  // 'lost': ack or nack
  *                                // found the claim gone (lease ran out, another consumer took it)
@@ -41,6 +43,7 @@ const MAX_BACKOFF_MS = 5000;
 
 class Worker extends EventEmitter {
   #options;
+  #sql;                 // the statements, their functions named by the schema
   #slots;
   #claimer = null;      // the connection that claims and LISTENs
   #notified = true;     // a NOTIFY came (or we never claimed): the next empty wait returns at once
@@ -64,6 +67,17 @@ class Worker extends EventEmitter {
       pollMs: options.pollMs ?? 1000,
       graceMs: options.graceMs ?? 10000,
       log: options.log ?? ((message) => console.error(`outbox-worker: ${message}`)),
+    };
+    // Each call names the extension's schema and casts its arguments to the declared types (pg
+    // sends them untyped): so neither a function of the same name elsewhere on the search_path
+    // nor a looser overload can be called instead.
+    const schema = pg.escapeIdentifier(options.schema ?? 'public');
+    this.#sql = {
+      claim: 'SELECT event_id, topic, payload, key, attempt, created_at'
+        + ` FROM ${schema}.outbox_claim($1::text, $2::integer, $3::interval)`,
+      mark: `SELECT ${schema}.outbox_mark_processed($1::bigint, $2::text) AS fresh`,
+      ack: `SELECT ${schema}.outbox_ack($1::text, $2::bigint, $3::integer) AS acked`,
+      nack: `SELECT ${schema}.outbox_nack($1::text, $2::bigint, $3::integer, $4::text) AS nacked`,
     };
     if (!(this.#options.handlers >= 1 && this.#options.handlers <= 1000)) {
       throw new RangeError('handlers must be between 1 and 1000 (the most outbox_claim hands out at once)');
@@ -120,9 +134,7 @@ class Worker extends EventEmitter {
         if (!this.#claimer) this.#claimer = await this.#connectClaimer();
         const free = this.#freeSlots();
         this.#notified = false;  // anything NOTIFYed from here on may not be in this claim's result
-        const { rows } = await this.#claimer.query(
-          'SELECT event_id, topic, payload, key, attempt, created_at FROM outbox_claim($1, $2, $3::interval)',
-          [endpoint, free.length, lease]);
+        const { rows } = await this.#claimer.query(this.#sql.claim, [endpoint, free.length, lease]);
         backoffMs = FIRST_BACKOFF_MS;
         if (!ready) { ready = true; this.emit('ready'); }
         // Recounted: a handler connection may have dropped while we claimed.
@@ -215,11 +227,9 @@ class Worker extends EventEmitter {
     const { endpoint, consumer, handler } = this.#options;
     await client.query('BEGIN');
     try {
-      const { rows: [{ fresh }] } = await client.query(
-        'SELECT outbox_mark_processed($1, $2) AS fresh', [job.event_id, consumer]);
+      const { rows: [{ fresh }] } = await client.query(this.#sql.mark, [job.event_id, consumer]);
       if (fresh) await handler(client, job);
-      const { rows: [{ acked }] } = await client.query(
-        'SELECT outbox_ack($1, $2, $3) AS acked', [endpoint, job.event_id, job.attempt]);
+      const { rows: [{ acked }] } = await client.query(this.#sql.ack, [endpoint, job.event_id, job.attempt]);
       if (!acked) {
         // Our lease ran out and another consumer claimed the job: it will apply the effect.
         await client.query('ROLLBACK');
@@ -232,7 +242,7 @@ class Worker extends EventEmitter {
       // and the caller leaves the job to its lease; otherwise record the failure.
       await client.query('ROLLBACK');
       const { rows: [{ nacked }] } = await client.query(
-        'SELECT outbox_nack($1, $2, $3, $4) AS nacked', [endpoint, job.event_id, job.attempt, oneLine(err)]);
+        this.#sql.nack, [endpoint, job.event_id, job.attempt, oneLine(err)]);
       return nacked ? 'nacked' : 'lost';
     }
   }

@@ -4,7 +4,7 @@ Public API (copy this file or import it; the only dependency is psycopg 3.2+):
 
     Job(event_id, topic, payload, key, attempt, created_at)       # a claimed delivery (frozen)
     Worker(conninfo, endpoint, handler, handlers=4, consumer=None,
-           lease='30 seconds', poll=1.0, grace=10.0, on_event=None)
+           lease='30 seconds', poll=1.0, grace=10.0, on_event=None, schema='public')
     Worker.run()    # blocks; returns after stop() / SIGTERM / SIGINT, once in-flight jobs end
     Worker.stop()   # from any thread or a signal handler: stop claiming, then shut down
 
@@ -19,6 +19,9 @@ was attempted, LISTEN is in place; job None), 'handled', 'duplicate' (already pr
 consumer: handler skipped, delivery acked), 'nacked', 'lost' (ack or nack returned false: the
 lease ran out and another claim owns the delivery; nothing was committed), 'stopping',
 'stopped' (job None). The default logs them. Errors are logged to the 'outbox_worker' logger.
+
+schema (default 'public') is the schema outbox_ext was installed in: every function is called by
+that name, so that no other schema's function of the same name can be called instead.
 
 poll and grace are seconds; lease is PostgreSQL interval text. SIGTERM and SIGINT call stop()
 when run() is called from the main thread.
@@ -77,6 +80,7 @@ class Worker:
         poll: float = 1.0,
         grace: float = 10.0,
         on_event: Optional[Callable[[str, Optional[Job]], None]] = None,
+        schema: str = "public",
     ) -> None:
         if handlers < 1:
             raise ValueError("handlers must be at least 1")
@@ -84,6 +88,17 @@ class Worker:
         self.handlers, self.consumer = handlers, consumer or endpoint
         self.lease, self.poll, self.grace = lease, poll, grace
         self.on_event = on_event or (lambda kind, job: log.info("%s %s", kind, job or ""))
+        # Each call names the extension's schema and casts its arguments to the declared types
+        # (psycopg sends str untyped and int as the smallest int): so neither a function of the
+        # same name elsewhere on the search_path nor a looser overload can be called instead.
+        self._claim_sql = sql.SQL(
+            "SELECT event_id, topic, payload, key, attempt, created_at FROM {}(%s::text, %s::integer, %s::interval)"
+        ).format(sql.Identifier(schema, "outbox_claim"))
+        self._mark_sql = sql.SQL("SELECT {}(%s::bigint, %s::text)").format(sql.Identifier(schema, "outbox_mark_processed"))
+        self._ack_sql = sql.SQL("SELECT {}(%s::text, %s::bigint, %s::integer)").format(sql.Identifier(schema, "outbox_ack"))
+        self._nack_sql = sql.SQL("SELECT {}(%s::text, %s::bigint, %s::integer, %s::text)").format(
+            sql.Identifier(schema, "outbox_nack")
+        )
         self._stopping = False  # plain bool: safe to set from a signal handler
         self._stopped = False
         self._jobs: queue.Queue[Optional[Job]] = queue.Queue()
@@ -133,11 +148,7 @@ class Worker:
                 # that a backlog gathered while every handler was busy does not cause empty claims.
                 for _ in conn.notifies(timeout=0):
                     pass
-                rows = conn.execute(
-                    "SELECT event_id, topic, payload, key, attempt, created_at"
-                    " FROM outbox_claim(%s, %s, %s::interval)",
-                    (self.endpoint, min(free, 1000), self.lease),
-                ).fetchall()
+                rows = conn.execute(self._claim_sql, (self.endpoint, min(free, 1000), self.lease)).fetchall()
                 backoff = _BACKOFF_FIRST
             except psycopg.Error as e:
                 rows = None
@@ -222,17 +233,13 @@ class Worker:
         """Runs one job; True if the connection was found dead before the job began (when retry)."""
         began = False
         try:
-            first = conn.execute(
-                "SELECT outbox_mark_processed(%s, %s)", (job.event_id, self.consumer)
-            ).fetchone()[0]
+            first = conn.execute(self._mark_sql, (job.event_id, self.consumer)).fetchone()[0]
             began = True
             if first:
                 self.handler(conn, job)
             # The ack is in the same transaction as the effect: if another consumer claimed the
             # delivery since (our lease ran out), ack is false and the effect is rolled back.
-            acked = conn.execute(
-                "SELECT outbox_ack(%s, %s, %s)", (self.endpoint, job.event_id, job.attempt)
-            ).fetchone()[0]
+            acked = conn.execute(self._ack_sql, (self.endpoint, job.event_id, job.attempt)).fetchone()[0]
             if acked:
                 conn.commit()
                 self._report("handled" if first else "duplicate", job)
@@ -252,7 +259,7 @@ class Worker:
         try:
             conn.rollback()
             nacked = conn.execute(
-                "SELECT outbox_nack(%s, %s, %s, %s)", (self.endpoint, job.event_id, job.attempt, _one_line(error))
+                self._nack_sql, (self.endpoint, job.event_id, job.attempt, _one_line(error))
             ).fetchone()[0]
             conn.commit()
         except psycopg.Error as e:

@@ -13,7 +13,9 @@ package outbox;
  *       .lease("30 seconds")            // how long a claim lasts (interval text, default 30 seconds)
  *       .poll(Duration.ofSeconds(1))    // longest wait for a NOTIFY when there is nothing to claim
  *       .grace(Duration.ofSeconds(10))  // how long stop() lets in-flight handlers finish
- *       .listener((event, job) -> ...); // READY, HANDLED, DUPLICATE, NACKED, LOST, STOPPING, STOPPED
+ *       .listener((event, job) -> ...)  // READY, HANDLED, DUPLICATE, NACKED, LOST, STOPPING, STOPPED
+ *       .schema("public");              // the schema outbox_ext was installed in (default public): calls
+ *                                       // name it, so no other schema's function of the same name is called
  *   worker.stopOnSignals();             // SIGTERM and SIGINT call stop()
  *   worker.run();                       // blocks until stop(), then returns normally
  *
@@ -93,6 +95,10 @@ public final class OutboxWorker {
     private String consumer, lease = "30 seconds";
     private Duration poll = Duration.ofSeconds(1), grace = Duration.ofSeconds(10);
     private Listener listener = (event, job) -> {};
+    // Quoted once, here or in schema(). Every function we call is named by it, with its arguments
+    // cast to the declared types (strings are bound as varchar): so neither a function of the same
+    // name elsewhere on the search_path nor a looser overload can be called instead.
+    private String schema = quoteIdent("public");
 
     private final AtomicBoolean started = new AtomicBoolean(), stopRequested = new AtomicBoolean();
     private volatile boolean stopping;
@@ -119,6 +125,7 @@ public final class OutboxWorker {
     public OutboxWorker poll(Duration d) { poll = Objects.requireNonNull(d); return this; }
     public OutboxWorker grace(Duration d) { grace = Objects.requireNonNull(d); return this; }
     public OutboxWorker listener(Listener l) { listener = Objects.requireNonNull(l); return this; }
+    public OutboxWorker schema(String name) { schema = quoteIdent(Objects.requireNonNull(name)); return this; }
 
     /** Stops claiming at once; run() then lets in-flight handlers finish (up to grace) and returns. */
     public void stop() {
@@ -195,8 +202,8 @@ public final class OutboxWorker {
                         try (Statement s = claimer.createStatement()) {
                             s.execute("LISTEN " + quoteIdent("outbox." + endpoint));
                         }
-                        claim = claimer.prepareStatement(
-                            "SELECT event_id, topic, payload::text, key, attempt, created_at FROM outbox_claim(?, ?, ?::interval)");
+                        claim = claimer.prepareStatement("SELECT event_id, topic, payload::text, key, attempt, created_at FROM "
+                            + schema + ".outbox_claim(?::text, ?::integer, ?::interval)");
                     }
                     PGConnection pg = claimer.unwrap(PGConnection.class);
                     // Claim only when a handler is free, as many jobs as there are free handlers.
@@ -344,9 +351,9 @@ public final class OutboxWorker {
             Connection c = open("handler", false);
             if (c == null) return; // stopping
             try {
-                slot.mark = c.prepareStatement("SELECT outbox_mark_processed(?, ?)");
-                slot.ack = c.prepareStatement("SELECT outbox_ack(?, ?, ?)");
-                slot.nack = c.prepareStatement("SELECT outbox_nack(?, ?, ?, ?)");
+                slot.mark = c.prepareStatement("SELECT " + schema + ".outbox_mark_processed(?::bigint, ?::text)");
+                slot.ack = c.prepareStatement("SELECT " + schema + ".outbox_ack(?::text, ?::bigint, ?::integer)");
+                slot.nack = c.prepareStatement("SELECT " + schema + ".outbox_nack(?::text, ?::bigint, ?::integer, ?::text)");
                 slot.conn = c;
             } catch (SQLException e) { // not reached with pgjdbc (it prepares lazily), but never strand a slot
                 closeQuietly(c);
