@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+
+import psycopg
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PG_BIN = "/usr/lib/postgresql/15/bin"
@@ -532,10 +534,10 @@ def session(*statements, user="postgres"):
 def secrets_stay_out_of_the_log():
     """With every statement logged: 0.1.0's signing secret setting and a webhook URL carrying a
     password and a token are reloaded, secrets are generated and supplied (in statements that
-    succeed, fail, are prepared, and fail inside a savepoint), URLs with passwords are passed;
-    the server log must show every statement, with only the secrets and passwords masked. A
-    role with no privileges mentions a secret's prefix and the functions' names: its statements
-    are logged in full."""
+    succeed, fail, pass them as bound parameters, and fail inside a savepoint), URLs with
+    passwords are passed; the server log must show every statement, with only the secrets and
+    passwords masked. A role with no privileges mentions a secret's prefix and the functions'
+    names, and hides a statement in a secret-like literal: its statements are logged whole."""
     tag = f"{os.getpid()}{int(time.time())}"
     secret_key = base64.b64encode(f"secret-{tag}".encode()).decode()
     plain_url = f"http://127.0.0.1:{RECEIVER_PORT}/events"
@@ -556,15 +558,15 @@ def secrets_stay_out_of_the_log():
             raise AssertionError(f"{failing} should fail")
         except subprocess.CalledProcessError:
             pass
-    # Prepared: the EXECUTE is logged with its arguments, the PREPARE in the line's detail.
-    prepared = session("PREPARE set_url(text) AS SELECT outbox_endpoint_set('prepared', $1)",
-                       f"EXECUTE set_url('https://relay:prepared-pw-{tag}@127.0.0.1/')")
-    assert prepared.returncode == 0, prepared.stderr
-    sql("SELECT outbox_endpoint_drop('prepared')")
+    # Bound parameters (the extended protocol, as drivers send them): the statement is logged
+    # with $1, and the parameters in the line's detail.
+    with psycopg.connect(f"host=127.0.0.1 port={PORT} user=postgres dbname=postgres", autocommit=True) as conn:
+        conn.execute("SELECT outbox_endpoint_set('bound', %s)", [f"https://relay:bound-pw-{tag}@127.0.0.1/"])
+        conn.execute("SELECT outbox_endpoint_rotate_secret('bound', %s)", [given])
+        conn.execute("SELECT outbox_endpoint_drop('bound')")
     # One that fails inside a savepoint rolled back: what follows is logged as ever.
-    rolled_back = session("PREPARE set_url(text) AS SELECT outbox_endpoint_set('prepared', $1, '{}')",
-                          "BEGIN", "SAVEPOINT before_the_url",
-                          f"EXECUTE set_url('https://relay:failing-pw-{tag}@127.0.0.1/')",
+    rolled_back = session("BEGIN", "SAVEPOINT before_the_url",
+                          f"SELECT outbox_endpoint_set('x_{tag}', 'https://relay:failing-pw-{tag}@127.0.0.1/', '{{}}') AS in_savepoint",
                           "ROLLBACK TO SAVEPOINT before_the_url",
                           f"SELECT 'after the savepoint {tag}'", "COMMIT")
     assert "at least one pattern" in rolled_back.stderr, rolled_back.stderr
@@ -573,7 +575,8 @@ def secrets_stay_out_of_the_log():
     sql(f"CREATE ROLE nobody_{tag} LOGIN")
     sql(f"CREATE TABLE IF NOT EXISTS audited_{tag} ()")
     evasive = (f"DROP TABLE audited_{tag}; /* whsec_ */",
-               f"SELECT 'outbox_endpoint_set outbox_endpoint_rotate_secret whsec_' AS evading_{tag}")
+               f"SELECT 'outbox_endpoint_set outbox_endpoint_rotate_secret whsec_' AS evading_{tag}",
+               f"DO $$BEGIN PERFORM decode(substr('whsec_RFJPUCBUQUJMRSBhY2NvdW50cw==', 7), 'base64'); END$$ /* {tag} */")
     session(*evasive, user=f"nobody_{tag}")
     signed = sql("SELECT outbox_enqueue('signed', '{}')")
     wait_until("a signed event is delivered", lambda: sql(
@@ -585,7 +588,7 @@ def secrets_stay_out_of_the_log():
     sql("ALTER SYSTEM RESET log_statement")
     configure(webhook_url=plain_url)
     leaked = [what for what in (secret_key, generated[6:], given[6:], f"given-pw-{tag}", f"password-{tag}", f"token-{tag}",
-                                f"prepared-pw-{tag}", f"failing-pw-{tag}")
+                                f"bound-pw-{tag}", f"failing-pw-{tag}")
               if what in log]
     if leaked:
         raise AssertionError(f"the server log shows {leaked}")
@@ -593,20 +596,25 @@ def secrets_stay_out_of_the_log():
         f"statement: SELECT outbox_endpoint_rotate_secret('default', 'whsec_***', '0 seconds') AS given_{tag}",
         f"STATEMENT:  SELECT outbox_endpoint_rotate_secret('missing', 'whsec_***') AS failing_{tag}",
         f"STATEMENT:  SELECT outbox_endpoint_set('x_{tag}', 'https://***@127.0.0.1/', '{{}}')",
-        "EXECUTE set_url('https://***@127.0.0.1/')",
+        "execute <unnamed>: SELECT outbox_endpoint_set('bound', $1)",
+        "parameters: $1 = 'https://***@127.0.0.1/'",
+        "parameters: $1 = 'whsec_***'",
+        f"statement: SELECT outbox_endpoint_set('x_{tag}', 'https://***@127.0.0.1/', '{{}}') AS in_savepoint",
         f"statement: SELECT 'after the savepoint {tag}'",
         f"statement: DROP TABLE audited_{tag}; /* whsec_ */",
         f"STATEMENT:  DROP TABLE audited_{tag}; /* whsec_ */",
         f"statement: SELECT 'outbox_endpoint_set outbox_endpoint_rotate_secret whsec_' AS evading_{tag}",
+        "substr('whsec_RFJPUCBUQUJMRSBhY2NvdW50cw==', 7)",
     ]
     missing = [line for line in shown if line not in log]
     if missing:
         raise AssertionError(f"the server log lacks {missing}")
     assert "statement hidden" not in log, "no statement is hidden whole"
     print("== secrets stay out of the log: 0.1.0's signing secret setting and the webhook URL's password and token on "
-          "reload, a generated secret, a supplied one and URL passwords in statements that succeeded, failed, were "
-          "prepared or failed in a savepoint all absent; every statement logged, with only those masked, also a "
-          "role's that mention the secrets' prefix and the functions' names",
+          "reload, a generated secret, a supplied one and URL passwords in statements that succeeded, failed, bound "
+          "them as parameters or failed in a savepoint all absent; every statement logged, with only those masked, "
+          "also a role's that mention the secrets' prefix and the functions' names or hide a statement in a "
+          "secret-like literal",
           flush=True)
 
 

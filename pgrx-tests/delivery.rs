@@ -109,3 +109,20 @@ fn claims_are_served_by_the_partial_index() {
     assert!(plan.contains("outbox_deliveries_pending"), "the claim walks the outbox_deliveries_pending index:\n{plan}");
     assert!(plan.contains("LockRows"), "the claim locks the rows it takes:\n{plan}");
 }
+
+#[test]
+fn a_reload_that_shortens_the_poll_interval_takes_effect_at_once() {
+    let mut db = db();
+    // Nothing to send to, so no commit wakes the workers; each arms an hour's poll.
+    db.configure(&[("outbox.webhook_url", ""), ("outbox.poll_interval", "1h")]);
+    wait_until("the workers have armed their hour-long poll", Duration::from_secs(10), || {
+        db.value::<bool>("SELECT clock_timestamp() > max(settings_loaded_at) + interval '1.5 seconds' FROM outbox_workers()")
+    });
+    db.configure(&[("outbox.poll_interval", "1s")]);
+    // An endpoint the workers have not read yet: only the poll finds it.
+    let receiver = Receiver::start(Reply::Status(204));
+    db.execute(&format!("SELECT outbox_endpoint_set('polled', '{}', '{{polled}}')", receiver.url));
+    let id = db.enqueue("polled", "{}");
+    wait_until("the next poll, a second away, finds the endpoint", Duration::from_secs(10), || !receiver.deliveries_of(id).is_empty());
+    db.execute("SELECT outbox_endpoint_drop('polled')");
+}

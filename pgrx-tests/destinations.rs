@@ -22,9 +22,6 @@ fn deliver_once(db: &mut Db, prefix: &str, urls: &[String]) -> Vec<(String, bool
     for (n, url) in urls.iter().enumerate() {
         db.execute(&format!("SELECT outbox_endpoint_set('{prefix}-{n}', '{url}', '{{{prefix}}}', max_attempts => 1)"));
     }
-    // The workers read endpoints at each poll and reload (an earlier test may have left the
-    // poll interval long).
-    db.configure(&[]);
     let id = db.enqueue(prefix, "{}");
     db.wait_for("every delivery is sent or dead", Duration::from_secs(30), |db| {
         db.value::<i64>(&format!(

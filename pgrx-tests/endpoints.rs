@@ -225,6 +225,10 @@ fn an_endpoint_moved_to_another_origin_loses_its_secrets_and_one_moved_within_it
     let second = db.enqueue("moving", "{}");
     wait_until("the event reaches the new receiver", Duration::from_secs(10), || new.deliveries_of(second).len() == 1);
     assert_eq!(new.deliveries_of(second)[0].signature, None, "nothing is signed with the old receiver's secret");
+    // A backslash, which URL parsers read as a slash (so the host ends before it), is refused.
+    let error =
+        db.client.batch_execute("SELECT outbox_endpoint_set('moving', 'http://evil.example\\@127.0.0.1:1/')").expect_err("a backslash");
+    assert_eq!(error.code().map(|c| c.code()), Some("22023"), "{error}");
     db.execute("SELECT outbox_endpoint_rotate_secret('moving')");
     for other in ["https://127.0.0.1:1/", "http://localhost:1/", "http://127.0.0.1:1/"] {
         endpoint(&mut db, "moving", &new.url, "{moving}", "");

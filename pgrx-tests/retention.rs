@@ -29,11 +29,24 @@ fn sent_events_past_the_retention_and_dead_ones_past_the_dead_retention_are_dele
     assert_eq!(db.count("topic = 'elsewhere'"), 0, "while its old sent delivery goes");
 
     db.insert_deliveries("dead.recently", 10, "dead_at, attempts", "now() - interval '10 minutes', 10");
+    // The dead head of an ordered key, long dead, with a delivery waiting behind it.
+    db.execute("SELECT outbox_endpoint_set('queue', NULL, '{queued}', kind => 'pull', ordered => true, max_attempts => 1)");
+    let head = db.value::<i64>("SELECT outbox_enqueue('queued', '{}', key => 'k')");
+    db.execute("SELECT outbox_enqueue('queued', '{}', key => 'k')");
+    db.execute(&format!("SELECT outbox_nack('queue', event_id, attempt, 'no') FROM outbox_claim('queue') WHERE event_id = {head}"));
+    db.execute(&format!("UPDATE outbox_deliveries SET dead_at = now() - interval '2 hours' WHERE event_id = {head}"));
     db.configure(&[("outbox.dead_retention", "1h")]);
     wait_until("deliveries dead for longer than outbox.dead_retention go, with their events", Duration::from_secs(30), || {
         db.count_events("topic = 'dead'") == 0
     });
     assert_eq!(db.count("topic = 'dead.recently'"), 10, "recently dead ones stay");
+    assert_eq!(
+        db.count_to("queue", &format!("id = {head} AND dead_at IS NOT NULL")),
+        1,
+        "the dead head of a key stays, to be requeued or skipped"
+    );
+    assert!(db.value::<bool>(&format!("SELECT outbox_skip('queue', {head})")));
+    db.execute("SELECT outbox_endpoint_drop('queue')");
     assert_eq!(db.count("topic = 'pending'"), 10, "pending ones stay");
     db.execute("ALTER SYSTEM RESET outbox.dead_retention");
     db.configure(&[]);

@@ -220,9 +220,10 @@ AS $$
                count(*) FILTER (WHERE d.available_at <= now()) AS due,
                count(*) FILTER (WHERE d.available_at > now()) AS later,
                min(d.available_at) FILTER (WHERE d.available_at <= now()) AS oldest_due,
-               -- Heads of ordered keys (the one delivery of a key not waiting) that are not due
-               -- for more than an hour, longer than any backoff: a far deliver_at holds the key.
-               count(*) FILTER (WHERE d.key IS NOT NULL AND d.available_at > now() + interval '1 hour') AS far_heads
+               -- Heads of ordered keys (the one delivery of a key not waiting), never attempted,
+               -- that are not due for more than an hour: a far deliver_at holds the key.
+               count(*) FILTER (WHERE d.key IS NOT NULL AND d.attempts = 0 AND d.claimed_by IS NULL
+                                  AND d.available_at > now() + interval '1 hour') AS far_heads
           FROM @extschema@.outbox_deliveries AS d
          WHERE d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting
          GROUP BY d.endpoint

@@ -23,7 +23,8 @@
 -- Returns the claimed deliveries, with the delivery envelope as body: {"type", "timestamp",
 -- "data"}, and the claim's fencing token (fence: every claim raises it, nothing lowers it), by
 -- which the worker records the attempt's outcome; then those made dead, with a null body and
--- their last_error.
+-- their last_error; then, if the budgets left due deliveries out, a row of nulls: the worker
+-- claims again as soon as a request ends.
 --
 -- Like every statement the workers run, this one runs with search_path = pg_catalog, pg_temp
 -- and names the extension's tables by their schema: with exact argument types, each operator
@@ -45,8 +46,10 @@ WITH claimable AS (
              LIMIT w.max_events
                FOR UPDATE SKIP LOCKED) AS c
 ), ranked AS (
-    SELECT claimable.row_id, claimable.spent, claimable.endpoint, claimable.event_id,
-           pg_column_size(o.payload)::bigint AS size,
+    SELECT claimable.row_id, claimable.spent, claimable.endpoint, claimable.event_id, claimable.available_at,
+           -- The payload's size as sent: its stored size, unless compression made that smaller.
+           CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
+                ELSE octet_length(o.payload::text) END::bigint AS size,
            row_number() OVER (PARTITION BY claimable.endpoint ORDER BY claimable.available_at, claimable.event_id) AS turn,
            dense_rank() OVER (ORDER BY claimable.endpoint) AS endpoint_number
       FROM claimable
@@ -58,7 +61,7 @@ WITH claimable AS (
                    row_number() OVER turns AS place,
                    sum(r.size) OVER turns AS bytes
               FROM ranked AS r
-            WINDOW turns AS (ORDER BY r.turn, r.endpoint, r.event_id ROWS UNBOUNDED PRECEDING)) AS t
+            WINDOW turns AS (ORDER BY r.turn, r.available_at, r.event_id, r.endpoint ROWS UNBOUNDED PRECEDING)) AS t
      WHERE t.spent OR (t.turn <= greatest(1, $5 / t.endpoints) AND t.place <= $5 AND (t.place = 1 OR t.bytes <= $6))
 ), claimed AS (
     -- By the rows' physical addresses (a TID scan): the planner cannot know how few rows the
@@ -92,3 +95,6 @@ SELECT c.endpoint,
 UNION ALL
 SELECT s.endpoint, s.event_id, s.attempts, NULL, s.last_error, NULL
   FROM spent AS s
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL
+ WHERE (SELECT count(*) FROM claimable) > (SELECT count(*) FROM taken)

@@ -3,7 +3,8 @@
 -- milliseconds (by outbox_deliveries_dead), and up to $2 unrouted events older than $1 (by
 -- outbox_unrouted_created_at) are deleted, with their events' rows locked for
 -- sql/delete_emptied_events.sql, which deletes the events left with no delivery. A null $1 or
--- $3 keeps those forever. An event with a pending delivery stays. Rows another session holds are skipped, and so are those
+-- $3 keeps those forever. An event with a pending delivery stays, and so does the dead head of
+-- an ordered key. Rows another session holds are skipped, and so are those
 -- whose event it holds: outbox_replay locks an event (FOR KEY SHARE) while it writes a
 -- delivery for it, which this snapshot may not show yet. Each row and its event are locked
 -- together, so the limit counts only rows this pass deletes. Small batches keep each
@@ -23,6 +24,10 @@ WITH due AS (
       FROM @extschema@.outbox_deliveries AS s
       JOIN @extschema@.outbox AS o ON o.id = s.event_id
      WHERE s.dead_at < now() - $3 * interval '1 millisecond'
+       -- The dead head of an ordered key stays: the deliveries behind it wait for it to be
+       -- requeued or skipped, which needs it.
+       AND NOT EXISTS (SELECT FROM @extschema@.outbox_keys AS k
+                        WHERE k.endpoint = s.endpoint AND k.key = s.key AND k.head = s.event_id)
      ORDER BY s.dead_at
      LIMIT $2
        FOR UPDATE OF s, o SKIP LOCKED

@@ -67,10 +67,12 @@ BEGIN
     END IF;
     -- scheme, [userinfo@] (up to the last @), host name or [IPv6 address], [:port], [path, query,
     -- fragment]; an empty port is the scheme's.
-    IF url IS NOT NULL AND (octet_length(url) > 2048
+    -- No backslash: URL parsers read it as a slash in http(s) URLs (so the host would end
+    -- before it), and outbox_url_origin would not.
+    IF url IS NOT NULL AND (octet_length(url) > 2048 OR strpos(url, E'\\') > 0
         OR url !~ '^https?://([^/?#[:space:][:cntrl:]]*@)?(\[[0-9A-Fa-f:.]+\]|[^][/?#:@[:space:][:cntrl:]]+)(:[0-9]{0,5})?([/?#][^[:space:][:cntrl:]]*)?$'
         OR substring(url FROM '^https?://(?:[^/?#]*@)?(?:\[[^]]*\]|[^/?#:@]+):([0-9]{1,5})(?:[/?#]|$)')::integer NOT BETWEEN 1 AND 65535) THEN
-        RAISE EXCEPTION 'outbox_endpoint_set: url must be an http:// or https:// URL of at most 2048 bytes, with a host, a port (if any) from 1 to 65535, and without spaces'
+        RAISE EXCEPTION 'outbox_endpoint_set: url must be an http:// or https:// URL of at most 2048 bytes, with a host, a port (if any) from 1 to 65535, and without spaces or backslashes'
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF topics IS NULL OR cardinality(topics) = 0 THEN

@@ -89,7 +89,7 @@ pub fn register() {
         GucRegistry::define_string_guc_with_hooks(
             c"outbox.allowed_destinations",
             c"Addresses the relay may connect to: CIDR blocks, each optionally with :port, comma-separated.",
-            c"Checked on the address a URL's host parses or resolves to. Link-local addresses (169.254.0.0/16, fe80::/10) only when a block within them is listed. Empty allows nothing.",
+            c"Checked on the address a URL's host parses or resolves to. Cloud metadata services' addresses (169.254.0.0/16, fe80::/10, fd00:ec2::254, 100.100.100.200) only when a block within them is listed. Empty allows nothing.",
             &ALLOWED_DESTINATIONS,
             Sighup,
             none,

@@ -42,15 +42,21 @@ impl Destinations {
         Ok(Destinations { rules })
     }
 
-    /// Whether the relay may connect to `address`. Link-local addresses (169.254.0.0/16,
-    /// fe80::/10: cloud metadata services live there) only when a block within them is listed
-    /// on its own, never through a wider one such as 0.0.0.0/0.
+    /// Whether a block names `port` (otherwise every port is treated alike, as port 0 is).
+    pub fn names_port(&self, port: u16) -> bool {
+        self.rules.iter().any(|rule| rule.port == Some(port))
+    }
+
+    /// Whether the relay may connect to `address`. Where cloud metadata services live
+    /// (link-local addresses, and the few others `protected` names) only when a block within
+    /// that place is listed on its own, never through a wider one such as 0.0.0.0/0.
     pub fn allows(&self, address: SocketAddr) -> bool {
         let ip = address.ip().to_canonical();
+        let protected = protected(ip);
         self.rules.iter().any(|rule| {
             rule.block.contains(&ip)
                 && rule.port.is_none_or(|port| port == address.port())
-                && (!is_link_local(ip) || link_local_block(rule.block))
+                && protected.is_none_or(|place| place.contains(&rule.block))
         })
     }
 }
@@ -90,20 +96,27 @@ fn split_port(entry: &str) -> Option<(String, Option<&str>)> {
     })
 }
 
-fn is_link_local(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_link_local(),
-        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
-    }
+/// The blocks where cloud metadata services answer: link-local addresses (AWS, GCP, Azure,
+/// OpenStack at 169.254.169.254), AWS's IPv6 endpoint and Alibaba's. The default list does not
+/// reach them.
+const PROTECTED: [&str; 4] = ["169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32"];
+
+/// The protected place `ip` is in, if any. An IPv6 address that embeds an IPv4 one for NAT64
+/// (64:ff9b::/96) is protected when that address is: then only it, on its own, may be listed.
+fn protected(ip: IpAddr) -> Option<IpNet> {
+    let place = PROTECTED.iter().filter_map(|block| block.parse::<IpNet>().ok()).find(|block| block.contains(&ip));
+    place.or_else(|| match ip {
+        IpAddr::V6(v6) if v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] => {
+            let [.., a, b, c, d] = v6.octets();
+            protected(IpAddr::from([a, b, c, d])).map(|_| IpNet::from(ip))
+        }
+        _ => None,
+    })
 }
 
-fn link_local_block(block: IpNet) -> bool {
-    is_link_local(block.network()) && is_link_local(block.broadcast())
-}
-
-/// Resolves host names for one port and keeps only the addresses the relay may connect to; a
-/// name with none of them fails with `DestinationRefused`. (A URL whose host is an address
-/// never reaches a resolver: the sender checks it itself.)
+/// Resolves host names for one port (0: any port no block names) and keeps only the addresses
+/// the relay may connect to; a name with none of them fails with `DestinationRefused`. (A URL
+/// whose host is an address never reaches a resolver: the sender checks it itself.)
 pub struct AllowedResolver {
     pub destinations: Arc<Destinations>,
     pub port: u16,
@@ -134,13 +147,24 @@ mod tests {
     const DEFAULT: &str = "0.0.0.0/0, ::/0";
 
     #[test]
-    fn the_default_allows_every_address_but_link_local_ones() {
+    fn the_default_allows_every_address_but_those_of_metadata_services() {
         for address in ["93.184.215.14:443", "127.0.0.1:5432", "10.0.0.1:80", "[2606:2800::1]:443", "[::1]:80"] {
             assert!(allows(DEFAULT, address), "{address}");
         }
-        for address in ["169.254.169.254:80", "169.254.0.1:443", "[fe80::1]:80", "[febf::1]:80", "[::ffff:169.254.169.254]:80"] {
+        for address in [
+            "169.254.169.254:80",
+            "169.254.0.1:443",
+            "[fe80::1]:80",
+            "[febf::1]:80",
+            "[::ffff:169.254.169.254]:80",
+            "[fd00:ec2::254]:80",
+            "100.100.100.200:80",
+            "[64:ff9b::a9fe:a9fe]:80",
+        ] {
             assert!(!allows(DEFAULT, address), "{address}");
         }
+        assert!(allows(DEFAULT, "[64:ff9b::5db8:d70e]:443"), "NAT64 to an ordinary address");
+        assert!(allows(DEFAULT, "[fd00:ec2::253]:80"), "beside AWS's endpoint");
     }
 
     #[test]
@@ -149,6 +173,10 @@ mod tests {
         assert!(allows("0.0.0.0/0, 169.254.0.0/16", "169.254.1.1:80"));
         assert!(!allows("169.0.0.0/8", "169.254.1.1:80"));
         assert!(allows("[fe80::]/10", "[fe80::1]:80"));
+        assert!(allows("100.100.100.200", "100.100.100.200:80"));
+        assert!(!allows("100.64.0.0/10", "100.100.100.200:80"));
+        assert!(allows("[64:ff9b::a9fe:a9fe]", "[64:ff9b::a9fe:a9fe]:80"));
+        assert!(!allows("[64:ff9b::]/96", "[64:ff9b::a9fe:a9fe]:80"));
     }
 
     #[test]

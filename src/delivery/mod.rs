@@ -19,7 +19,7 @@ pub use backoff::retry_delay;
 pub use destinations::Destinations;
 pub use doorbell::Doorbell;
 pub use outcome::{one_line, Outcome, OutcomeClass, MAX_ERROR_BYTES};
-pub use sender::Sender;
+pub use sender::{AttemptKey, Sender};
 pub use signing::{SecretError, SigningKey};
 
 pub const USER_AGENT: &str = concat!("outbox_ext/", env!("CARGO_PKG_VERSION"));
@@ -49,8 +49,6 @@ pub struct Attempt {
     pub id: i64,
     pub attempts: i32,
     pub fence: i32,
-    /// The size of the body it sent, held until it finished.
-    pub body_bytes: usize,
     pub outcome: Outcome,
 }
 

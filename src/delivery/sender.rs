@@ -13,18 +13,23 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::destinations::{AllowedResolver, DestinationRefused, Destinations};
 use super::{Attempt, Doorbell, Event, Outcome, Target, USER_AGENT};
 
+/// An attempt as the database knows it: endpoint, event id, fencing token.
+pub type AttemptKey = (Arc<str>, i64, i32);
+
 pub struct Sender {
     runtime: tokio::runtime::Runtime,
     /// Where requests may go (`outbox.allowed_destinations`).
     destinations: Arc<Destinations>,
-    /// One client per destination port, each resolving host names to the addresses allowed on
-    /// that port; made when first needed.
+    /// A client for each port a block of `destinations` names, and one (under 0) for every
+    /// other port, each resolving host names to the addresses allowed there; made when first
+    /// needed. So no more clients than the setting names ports.
     clients: HashMap<u16, reqwest::Client>,
-    finished_tx: mpsc::Sender<Attempt>,
-    finished_rx: mpsc::Receiver<Attempt>,
+    finished_tx: mpsc::Sender<(u64, Attempt)>,
+    finished_rx: mpsc::Receiver<(u64, Attempt)>,
     doorbell: Arc<Doorbell>,
-    /// The attempts in flight (endpoint, event id, fencing token), with their bodies' sizes.
-    in_flight: HashMap<(Arc<str>, i64, i32), usize>,
+    /// The attempts in flight by the number `send` gave each, with the size of the body held.
+    in_flight: HashMap<u64, (AttemptKey, usize)>,
+    sent: u64,
     /// Requests in flight per endpoint: each endpoint has its own budget (`max_in_flight`), so
     /// one that hangs cannot take the slots of another.
     in_flight_to: HashMap<Arc<str>, usize>,
@@ -65,6 +70,7 @@ impl Sender {
             finished_rx,
             doorbell: Arc::new(doorbell),
             in_flight: HashMap::new(),
+            sent: 0,
             in_flight_to: HashMap::new(),
             held_bytes: 0,
         })
@@ -88,14 +94,17 @@ impl Sender {
             Some(url::Host::Ipv6(ip)) => !self.destinations.allows(SocketAddr::new(ip.into(), port)),
             _ => false,
         };
-        let client = match self.clients.get(&port) {
+        let client_port = if self.destinations.names_port(port) { port } else { 0 };
+        let client = match self.clients.get(&client_port) {
             Some(client) => Ok(client.clone()),
-            None => client_for(&self.destinations, port).inspect(|client| {
-                self.clients.insert(port, client.clone());
+            None => client_for(&self.destinations, client_port).inspect(|client| {
+                self.clients.insert(client_port, client.clone());
             }),
         };
         let (target, done, bell) = (target.clone(), self.finished_tx.clone(), self.doorbell.clone());
-        self.in_flight.insert((event.endpoint.clone(), event.id, event.fence), event.body.len());
+        self.sent += 1;
+        let number = self.sent;
+        self.in_flight.insert(number, ((event.endpoint.clone(), event.id, event.fence), event.body.len()));
         self.held_bytes += event.body.len();
         *self.in_flight_to.entry(event.endpoint.clone()).or_default() += 1;
         self.runtime.spawn(async move {
@@ -105,14 +114,8 @@ impl Sender {
                 Err(e) => Outcome::Unreachable(e.to_string()),
             };
             // The receiver only disappears when the worker exits; then the result is moot.
-            let _ = done.send(Attempt {
-                endpoint: event.endpoint,
-                id: event.id,
-                attempts: event.attempts,
-                fence: event.fence,
-                body_bytes: event.body.len(),
-                outcome,
-            });
+            let attempt = Attempt { endpoint: event.endpoint, id: event.id, attempts: event.attempts, fence: event.fence, outcome };
+            let _ = done.send((number, attempt));
             bell.ring();
         });
     }
@@ -120,14 +123,15 @@ impl Sender {
     /// Every attempt that finished since the last call.
     pub fn take_finished(&mut self) -> Vec<Attempt> {
         self.doorbell.clear();
-        let finished: Vec<Attempt> = self.finished_rx.try_iter().collect();
-        for attempt in &finished {
-            if let Some(bytes) = self.in_flight.remove(&(attempt.endpoint.clone(), attempt.id, attempt.fence)) {
+        let mut finished = Vec::new();
+        for (number, attempt) in self.finished_rx.try_iter() {
+            if let Some((_, bytes)) = self.in_flight.remove(&number) {
                 self.held_bytes -= bytes;
             }
             if let Some(count) = self.in_flight_to.get_mut(&attempt.endpoint) {
                 *count -= 1;
             }
+            finished.push(attempt);
         }
         self.in_flight_to.retain(|_, count| *count > 0);
         finished
@@ -137,9 +141,9 @@ impl Sender {
         self.in_flight.len()
     }
 
-    /// The attempts in flight now: endpoint, event id, fencing token.
-    pub fn in_flight_attempts(&self) -> impl Iterator<Item = &(Arc<str>, i64, i32)> {
-        self.in_flight.keys()
+    /// The attempts in flight now.
+    pub fn in_flight_attempts(&self) -> impl Iterator<Item = &AttemptKey> {
+        self.in_flight.values().map(|(attempt, _)| attempt)
     }
 
     /// Endpoints with requests in flight now.

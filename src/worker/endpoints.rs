@@ -102,24 +102,17 @@ impl Endpoints {
         budget.requests > 0 && budget.bytes > 0 && self.claims(sender, settings).next().is_some()
     }
 
-    /// Whether `finished` gave back the room for a claim that was lacking, to some endpoint or
-    /// in the worker's budgets: events committed meanwhile were left out of every claim, and no
-    /// commit may come to wake the worker for them.
+    /// Whether `finished` gave some endpoint back the room for a claim it lacked: its events
+    /// committed meanwhile were left out of every claim, and no commit may come to wake the
+    /// worker for them. (What the worker's budgets left out, the claim says: see `left_out`.)
     pub fn room_regained(&self, finished: &[Attempt], sender: &Sender, settings: &Settings) -> bool {
-        if finished.is_empty() {
-            return false;
-        }
-        let now = budget_left(sender, settings);
-        let freed_bytes: usize = finished.iter().map(|attempt| attempt.body_bytes).sum();
-        let budget_regained = (now.requests > 0 && now.requests <= finished.len()) || (now.bytes > 0 && now.bytes <= freed_bytes);
-        budget_regained
-            || self.active.iter().any(|name| {
-                let ended = finished.iter().filter(|attempt| attempt.endpoint == *name).count();
-                let free = self.free_slots(name, sender, settings);
-                let needed = self.room_needed(name, sender, settings);
-                // Saturating: max_in_flight may have been lowered below what was in flight.
-                ended > 0 && free >= needed && free.saturating_sub(ended) < needed
-            })
+        self.active.iter().any(|name| {
+            let ended = finished.iter().filter(|attempt| attempt.endpoint == *name).count();
+            let free = self.free_slots(name, sender, settings);
+            let needed = self.room_needed(name, sender, settings);
+            // Saturating: max_in_flight may have been lowered below what was in flight.
+            ended > 0 && free >= needed && free.saturating_sub(ended) < needed
+        })
     }
 
     /// The most requests an endpoint may have in flight now: its own max_in_flight, and its

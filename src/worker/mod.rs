@@ -81,6 +81,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
         endpoints: Endpoints::default(),
         unrecorded_acks: Vec::new(),
         last_warning: None,
+        left_out: false,
     };
     relay.note_settings_loaded();
     relay.run();
@@ -109,6 +110,9 @@ struct Relay {
     unrecorded_acks: Vec<(Arc<str>, i64, i32)>,
     /// The last failure logged and when: the same failure is logged again only after a while.
     last_warning: Option<(String, Instant)>,
+    /// The last claim left due deliveries out for want of budget: claim again as soon as a
+    /// request ends, since no commit may come to say they are there.
+    left_out: bool,
 }
 
 /// Why the delivery loop ended.
@@ -239,7 +243,8 @@ impl Relay {
             // claim: a commit's fresh event is sent before the transactions that record what
             // finished, which under a failing endpoint are most of the worker's time.
             let finished = self.sender.take_finished();
-            timers.claim_due |= self.endpoints.room_regained(&finished, &self.sender, &self.settings);
+            timers.claim_due |=
+                self.endpoints.room_regained(&finished, &self.sender, &self.settings) || (self.left_out && !finished.is_empty());
             let claimed = self.claim_if_due(queries, timers);
             // Recorded even when the claim ends the loop (the relay's settings changed): these
             // are neither in flight nor recorded anywhere else. The next events of ordered keys
@@ -288,7 +293,7 @@ impl Relay {
         let reloaded = BackgroundWorker::sighup_received();
         if reloaded {
             self.reload();
-            timers.after_reload();
+            timers.after_reload(self.settings.poll_interval);
         }
         reloaded
     }
@@ -348,7 +353,8 @@ impl Relay {
             // is seen by the next one).
             Ok(queue::Claimed::EndpointsChanged) if !read_endpoints => self.claim_and_send(queries, true),
             Ok(queue::Claimed::EndpointsChanged) => Ok(Some(true)),
-            Ok(queue::Claimed::Deliveries { claimed, dead }) => {
+            Ok(queue::Claimed::Deliveries { claimed, dead, left_out }) => {
+                self.left_out = left_out;
                 dead.iter().for_each(warn_dead);
                 let taken = |endpoint: &str| {
                     claimed.iter().filter(|d| *d.endpoint == *endpoint).count() + dead.iter().filter(|d| d.endpoint == endpoint).count()
@@ -549,11 +555,13 @@ impl Timers {
         Timers { claim_due: true, endpoints_stale: true, next_poll: Instant::now(), next_cleanup: Instant::now() }
     }
 
-    /// New settings may enable delivery, or shorten the retention.
-    fn after_reload(&mut self) {
+    /// New settings may enable delivery, or shorten the retention or the poll interval (a
+    /// poll armed under a longer one would otherwise keep the worker asleep until then).
+    fn after_reload(&mut self, poll_interval: Duration) {
         self.claim_due = true;
         self.endpoints_stale = true;
         self.next_cleanup = Instant::now();
+        self.next_poll = self.next_poll.min(Instant::now() + poll_interval);
     }
 
     fn after_claim(&mut self, full: bool, poll_interval: Duration) {

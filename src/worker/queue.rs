@@ -10,7 +10,7 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 
 use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
-use crate::delivery::{retry_delay, Attempt, Event};
+use crate::delivery::{retry_delay, Attempt, AttemptKey, Event};
 
 /// A delivery that ran out of attempts, and the last failure it had.
 pub struct DeadDelivery {
@@ -240,12 +240,12 @@ fn endpoints_version(client: &mut SpiClient<'_>, queries: &Queries) -> Result<i6
     Ok(client.update(&queries.endpoints_version, None, &[])?.first().get_one::<i64>()?.unwrap_or(0))
 }
 
-/// What a claim got: the deliveries to send and those it found out of attempts (made dead), or
-/// nothing because the endpoints changed since the worker read them at `version` (it reads
-/// them again and claims then: a new secret signs every attempt started after its rotation
-/// committed).
+/// What a claim got: the deliveries to send, those it found out of attempts (made dead), and
+/// whether the worker's budgets left due deliveries out; or nothing because the endpoints
+/// changed since the worker read them at `version` (it reads them again and claims then: a new
+/// secret signs every attempt started after its rotation committed).
 pub enum Claimed {
-    Deliveries { claimed: Vec<Event>, dead: Vec<DeadDelivery> },
+    Deliveries { claimed: Vec<Event>, dead: Vec<DeadDelivery>, left_out: bool },
     EndpointsChanged,
 }
 
@@ -279,8 +279,12 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], budget: Budget, version:
             ];
             let mut claimed = Vec::new();
             let mut dead = Vec::new();
+            let mut left_out = false;
             for row in client.update(&queries.claim_batch, None, &args)? {
-                let endpoint = row.get::<String>(1)?.unwrap_or_default();
+                let Some(endpoint) = row.get::<String>(1)? else {
+                    left_out = true;
+                    continue;
+                };
                 let event_id = row.get::<i64>(2)?.unwrap_or_default();
                 let attempts = row.get::<i32>(3)?.unwrap_or_default();
                 match row.get::<String>(4)? {
@@ -288,10 +292,10 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], budget: Budget, version:
                     None => dead.push(DeadDelivery { endpoint, event_id, attempts, last_error: row.get(5)?.unwrap_or_default() }),
                 }
             }
-            Ok(Some((claimed, dead)))
+            Ok(Some((claimed, dead, left_out)))
         })
     })?;
-    let Some((claimed, dead)) = claimed else { return Ok(Claimed::EndpointsChanged) };
+    let Some((claimed, dead, left_out)) = claimed else { return Ok(Claimed::EndpointsChanged) };
     // Share the endpoint names the worker already holds instead of one copy per delivery.
     let claimed = claimed
         .into_iter()
@@ -300,7 +304,7 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], budget: Budget, version:
             Some(Event { endpoint, id, attempts, fence, body: body.into() })
         })
         .collect();
-    Ok(Claimed::Deliveries { claimed, dead })
+    Ok(Claimed::Deliveries { claimed, dead, left_out })
 }
 
 /// Records acknowledged deliveries (endpoint, event id, fencing token) in a transaction of
@@ -359,7 +363,7 @@ pub fn record_failures(queries: &Queries, failed: &[(&Attempt, i32)]) -> Result<
 
 /// Takes back the attempts a stopping worker abandons (endpoint, event id, fencing token), so
 /// that a restart never uses up a delivery's last attempt.
-pub fn uncount_abandoned<'a>(queries: &Queries, abandoned: impl Iterator<Item = &'a (Arc<str>, i64, i32)>) -> Result<(), TransactionError> {
+pub fn uncount_abandoned<'a>(queries: &Queries, abandoned: impl Iterator<Item = &'a AttemptKey>) -> Result<(), TransactionError> {
     let mut endpoints = Vec::new();
     let mut ids = Vec::new();
     let mut fences = Vec::new();
