@@ -34,12 +34,16 @@ install_released_scripts() {
 # The update scripts are assembled from sql/updates/A--B.sql: each line "--@include FILE"
 # becomes the text of sql/FILE, so an update creates its new objects from the very text a
 # fresh install runs. The result, sql/outbox_ext--A--B.sql, is committed (cargo pgrx install
-# copies it from there); scripts/test.sh checks that it is up to date.
+# copies it from there); scripts/test.sh checks that it is up to date. Once released (listed in
+# sql/released.sha256) an update script is frozen as committed: the sql/ files it included
+# go on changing for the next version.
 assemble_update_scripts() {
-  local source
+  local source target
   for source in sql/updates/*--*.sql; do
+    target="sql/outbox_ext--$(basename "$source")"
+    grep -q " $target\$" sql/released.sha256 && continue
     awk '/^--@include / { file = "sql/" $2; while ((getline line < file) > 0) print line; close(file); next } { print }' \
-      "$source" >"sql/outbox_ext--$(basename "$source")"
+      "$source" >"$target"
   done
 }
 

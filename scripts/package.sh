@@ -19,6 +19,17 @@ cargo pgrx package --pg-config "$PG_BIN/pg_config" >/dev/null
 BUILT=target/release/outbox_ext-pg15
 EXTENSION_DIR=$("$PG_BIN/pg_config" --sharedir)/extension
 
+# A released version's install script is frozen in sql/: the build must still give it (apart
+# from pgrx's comments naming Rust source lines), or the change belongs to a new version.
+if [ -f "sql/outbox_ext--$VERSION.sql" ]; then
+  if ! diff -q <(grep -v '^-- src/' "$BUILT$EXTENSION_DIR/outbox_ext--$VERSION.sql") \
+               <(grep -v '^-- src/' "sql/outbox_ext--$VERSION.sql") >/dev/null; then
+    echo "package: $VERSION is released, and this build's install script differs from sql/outbox_ext--$VERSION.sql;" >&2
+    echo "package: raise the version in Cargo.toml and outbox_ext.control, and add an update script from $VERSION" >&2
+    exit 1
+  fi
+fi
+
 ROOT=$(mktemp -d /tmp/outbox-package.XXXXXX)
 trap 'rm -rf "$ROOT"' EXIT
 cp -a "$BUILT/." "$ROOT/"

@@ -4,15 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Released install scripts are frozen: sql/released.sha256 holds the digest of each (a release
-# adds its line), and every one in sql/ must be listed and unchanged.
+# Released scripts are frozen: sql/released.sha256 holds the digest of each install and update
+# script of a released version (a release adds their lines), every install script in sql/
+# must be listed, and none may change. (scripts/package.sh checks that the version being built,
+# if released, still builds its frozen install script.)
 for script in sql/outbox_ext--*.sql; do
   case "$script" in *--*--*) continue ;; esac
   grep -q " $script\$" sql/released.sha256 ||
     { echo "test: $script is not in sql/released.sha256: add its digest when releasing it" >&2; exit 1; }
 done
 sha256sum --quiet -c sql/released.sha256 ||
-  { echo "test: a released install script was edited; ship the change in an update script instead" >&2; exit 1; }
+  { echo "test: a released script was edited; ship the change in a new version's update script instead" >&2; exit 1; }
 
 scripts/setup.sh
 

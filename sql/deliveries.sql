@@ -150,11 +150,12 @@ CREATE TABLE @extschema@.outbox_delivery_counts (
 
 COMMENT ON TABLE @extschema@.outbox_delivery_counts IS 'Deliveries acknowledged since the extension was created, per endpoint.';
 
--- Pull endpoints: the roles that may consume each (outbox_endpoint_grant). Roles are kept as
--- regrole, so pg_dump writes their names and a restore into another cluster finds them again.
+-- Pull endpoints: the roles that may consume each (outbox_endpoint_grant), by name: a dump
+-- restored into another cluster finds them by name, and a role dropped without a revoke grants
+-- nothing (until a role of that name is created again: revoke before dropping a role).
 CREATE TABLE @extschema@.outbox_endpoint_consumers (
-    endpoint text    NOT NULL,
-    role     regrole NOT NULL,
+    endpoint text NOT NULL,
+    role     name NOT NULL,
     PRIMARY KEY (endpoint, role)
 );
 

@@ -397,7 +397,7 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_grant: role must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     INSERT INTO @extschema@.outbox_endpoint_consumers (endpoint, role)
-    VALUES (outbox_endpoint_grant.endpoint, outbox_endpoint_grant.role)
+    SELECT outbox_endpoint_grant.endpoint, r.rolname FROM pg_roles AS r WHERE r.oid = outbox_endpoint_grant.role
     ON CONFLICT DO NOTHING;
 END
 $$;
@@ -414,7 +414,8 @@ AS $$
 BEGIN
     PERFORM @extschema@.outbox_endpoint_lock(endpoint, 'outbox_endpoint_revoke');
     DELETE FROM @extschema@.outbox_endpoint_consumers AS c
-     WHERE c.endpoint = outbox_endpoint_revoke.endpoint AND c.role = outbox_endpoint_revoke.role;
+     WHERE c.endpoint = outbox_endpoint_revoke.endpoint
+       AND c.role = (SELECT r.rolname FROM pg_roles AS r WHERE r.oid = outbox_endpoint_revoke.role);
 END
 $$;
 

@@ -170,11 +170,12 @@ CREATE TABLE @extschema@.outbox_delivery_counts (
 
 COMMENT ON TABLE @extschema@.outbox_delivery_counts IS 'Deliveries acknowledged since the extension was created, per endpoint.';
 
--- Pull endpoints: the roles that may consume each (outbox_endpoint_grant). Roles are kept as
--- regrole, so pg_dump writes their names and a restore into another cluster finds them again.
+-- Pull endpoints: the roles that may consume each (outbox_endpoint_grant), by name: a dump
+-- restored into another cluster finds them by name, and a role dropped without a revoke grants
+-- nothing (until a role of that name is created again: revoke before dropping a role).
 CREATE TABLE @extschema@.outbox_endpoint_consumers (
-    endpoint text    NOT NULL,
-    role     regrole NOT NULL,
+    endpoint text NOT NULL,
+    role     name NOT NULL,
     PRIMARY KEY (endpoint, role)
 );
 
@@ -1138,7 +1139,7 @@ BEGIN
         RAISE EXCEPTION 'outbox_endpoint_grant: role must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     INSERT INTO @extschema@.outbox_endpoint_consumers (endpoint, role)
-    VALUES (outbox_endpoint_grant.endpoint, outbox_endpoint_grant.role)
+    SELECT outbox_endpoint_grant.endpoint, r.rolname FROM pg_roles AS r WHERE r.oid = outbox_endpoint_grant.role
     ON CONFLICT DO NOTHING;
 END
 $$;
@@ -1155,7 +1156,8 @@ AS $$
 BEGIN
     PERFORM @extschema@.outbox_endpoint_lock(endpoint, 'outbox_endpoint_revoke');
     DELETE FROM @extschema@.outbox_endpoint_consumers AS c
-     WHERE c.endpoint = outbox_endpoint_revoke.endpoint AND c.role = outbox_endpoint_revoke.role;
+     WHERE c.endpoint = outbox_endpoint_revoke.endpoint
+       AND c.role = (SELECT r.rolname FROM pg_roles AS r WHERE r.oid = outbox_endpoint_revoke.role);
 END
 $$;
 
@@ -1480,8 +1482,9 @@ DECLARE
     consumer name := coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user);
 BEGIN
     IF NOT EXISTS (SELECT FROM @extschema@.outbox_endpoint_consumers AS c
+                     JOIN pg_catalog.pg_roles AS r ON r.rolname OPERATOR(pg_catalog.=) c.role
                     WHERE c.endpoint OPERATOR(pg_catalog.=) outbox_check_consumer.endpoint
-                      AND pg_catalog.pg_has_role(consumer, c.role::pg_catalog.oid, 'MEMBER'))
+                      AND pg_catalog.pg_has_role(consumer, r.oid, 'MEMBER'))
        AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) consumer AND r.rolsuper) THEN
         RAISE EXCEPTION '%: role % may not consume endpoint %', caller, pg_catalog.quote_ident(consumer), pg_catalog.quote_nullable(endpoint)
               USING ERRCODE = 'insufficient_privilege',

@@ -313,8 +313,9 @@ DECLARE
     consumer name := coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user);
 BEGIN
     IF NOT EXISTS (SELECT FROM @extschema@.outbox_endpoint_consumers AS c
+                     JOIN pg_catalog.pg_roles AS r ON r.rolname OPERATOR(pg_catalog.=) c.role
                     WHERE c.endpoint OPERATOR(pg_catalog.=) outbox_check_consumer.endpoint
-                      AND pg_catalog.pg_has_role(consumer, c.role::pg_catalog.oid, 'MEMBER'))
+                      AND pg_catalog.pg_has_role(consumer, r.oid, 'MEMBER'))
        AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) consumer AND r.rolsuper) THEN
         RAISE EXCEPTION '%: role % may not consume endpoint %', caller, pg_catalog.quote_ident(consumer), pg_catalog.quote_nullable(endpoint)
               USING ERRCODE = 'insufficient_privilege',

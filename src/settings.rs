@@ -92,7 +92,8 @@ pub fn register() {
             c"Checked on the address a URL's host parses or resolves to. Cloud metadata services' addresses (169.254.0.0/16, fe80::/10, fd00:ec2::254, 100.100.100.200) only when a block within them is listed. Empty allows nothing.",
             &ALLOWED_DESTINATIONS,
             Sighup,
-            none,
+            // Where the network's receivers live is the superusers' to know.
+            GucFlags::SUPERUSER_ONLY,
             Some(check_allowed_destinations),
             None,
             None,

@@ -151,9 +151,16 @@ pub fn mask_arguments(text: &[u8], found: &[SecretArgument]) -> Option<Vec<u8>> 
         })
         .collect();
     literals.sort_by_key(|&(_, start, _)| std::cmp::Reverse(start));
+    // Each range once, none overlapping one already masked (the lexer gives neither; a log
+    // hook must not panic whatever it is given).
+    let mut before = text.len();
     for (kind, start, end) in literals {
+        if start > end || end > before {
+            continue;
+        }
         let value = mask_value(kind, &text[start..end]);
         masked.splice(start..end, value);
+        before = start;
     }
     (masked != text).then_some(masked)
 }

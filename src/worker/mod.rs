@@ -242,9 +242,12 @@ impl Relay {
             // Outcomes are collected first (freeing their request slots) but written after the
             // claim: a commit's fresh event is sent before the transactions that record what
             // finished, which under a failing endpoint are most of the worker's time.
+            let busy = self.sender.busy_endpoints();
             let finished = self.sender.take_finished();
-            timers.claim_due |=
-                self.endpoints.room_regained(&finished, &self.sender, &self.settings) || (self.left_out && !finished.is_empty());
+            // Also when fewer endpoints are busy: each one's share of the requests grew.
+            timers.claim_due |= self.endpoints.room_regained(&finished, &self.sender, &self.settings)
+                || (self.left_out && !finished.is_empty())
+                || self.sender.busy_endpoints() < busy;
             let claimed = self.claim_if_due(queries, timers);
             // Recorded even when the claim ends the loop (the relay's settings changed): these
             // are neither in flight nor recorded anywhere else. The next events of ordered keys
