@@ -48,12 +48,15 @@ WITH claimable AS (
 ), ranked AS (
     SELECT claimable.row_id, claimable.spent, claimable.endpoint, claimable.event_id, claimable.available_at,
            -- The payload's size as sent: its stored size, unless compression made that smaller.
-           CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
-                ELSE octet_length(o.payload::text) END::bigint AS size,
+           -- A subquery, looked up by id for each row: a join could be planned as a merge
+           -- that reads the whole primary key up to the newest id.
+           (SELECT CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
+                        ELSE octet_length(o.payload::text) END
+              FROM @extschema@.outbox AS o
+             WHERE o.id = claimable.event_id)::bigint AS size,
            row_number() OVER (PARTITION BY claimable.endpoint ORDER BY claimable.available_at, claimable.event_id) AS turn,
            dense_rank() OVER (ORDER BY claimable.endpoint) AS endpoint_number
       FROM claimable
-      JOIN @extschema@.outbox AS o ON o.id = claimable.event_id
 ), taken AS (
     SELECT t.row_id, t.spent
       FROM (SELECT r.row_id, r.spent, r.turn,

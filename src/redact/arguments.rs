@@ -33,136 +33,166 @@ const CALLS: [(&[u8], usize, &[u8], Kind); 2] =
 const MARK: &[u8] = b"outbox_endpoint_";
 /// Dollar-quoted bodies are read to this depth of nesting, and no deeper.
 const MAX_BODY_DEPTH: usize = 8;
-/// The tokens of an argument read to classify it: `name => value :: type`.
-const ARGUMENT_TOKENS: usize = 4;
+/// Calls nested deeper than this are not read (their arguments stay as they are).
+const MAX_OPEN_CALLS: usize = 64;
+/// The tokens of an argument kept to classify it: `name => 'value' :: text`.
+const ARGUMENT_TOKENS: usize = 6;
 
-/// Every secret argument of every call of those functions in `sql`, in dollar-quoted bodies
-/// (`DO $$ … $$`) too. One pass, whatever the text.
+/// Every secret argument of every call of those functions in `sql`, in the bodies of `DO` and
+/// of functions (`AS $$ … $$`) too. One pass, in memory bounded by the nesting it reads. Nothing
+/// when a plain string literal holds a backslash: with standard_conforming_strings off that
+/// escapes a quote, and the text could be read two ways.
 pub fn secret_arguments(sql: &[u8]) -> Vec<SecretArgument> {
     let mut found = Vec::new();
-    if sql.windows(MARK.len()).any(|window| window.eq_ignore_ascii_case(MARK)) {
-        read(sql, 0, sql.len(), 0, &mut found);
+    if sql.windows(MARK.len()).any(|window| window.eq_ignore_ascii_case(MARK)) && read(sql, 0, sql.len(), 0, &mut found) {
+        found.clear();
     }
     found
 }
 
-/// What an open parenthesis or bracket belongs to.
-enum Frame<'a> {
-    /// A call of one of `CALLS`: its argument wanted, and the argument being read.
-    Call {
-        wanted: (usize, &'a [u8], Kind),
-        index: usize,
-        tokens: Vec<Token<'a>>,
-        nested: bool,
-    },
-    Parenthesis,
-    Bracket,
+/// A call of one of `CALLS` whose arguments are being read.
+struct Call<'a> {
+    wanted: (usize, &'a [u8], Kind),
+    index: usize,
+    /// The first tokens of the argument being read.
+    tokens: Vec<Token<'a>>,
+    /// The argument holds more than a literal or a parameter, perhaps cast.
+    complex: bool,
+    /// Parentheses and brackets open within the argument.
+    parentheses: usize,
+    brackets: usize,
 }
 
-/// Reads `sql[start..end]`, adding what it finds; `depth` is the dollar-quote nesting.
-fn read<'a>(sql: &'a [u8], start: usize, end: usize, depth: usize, found: &mut Vec<SecretArgument>) {
-    let mut lexer = Lexer { sql, at: start, end };
-    let mut frames: Vec<Frame<'a>> = Vec::new();
-    let mut previous: Option<Token<'a>> = None;
+/// Reads `sql[start..end]`, adding what it finds; `depth` is the dollar-quote nesting. True if
+/// a plain literal held a backslash.
+fn read<'a>(sql: &'a [u8], start: usize, end: usize, depth: usize, found: &mut Vec<SecretArgument>) -> bool {
+    let mut lexer = Lexer { sql, at: start, end, backslash: false };
+    let mut calls: Vec<Call<'a>> = Vec::new();
+    // The last tokens read, the latest last.
+    let mut recent: [Option<Token<'a>>; 3] = [None; 3];
     while let Some(token) = lexer.next() {
-        match token {
-            Token::Body { start, end } => {
-                if depth < MAX_BODY_DEPTH {
-                    read(sql, start, end, depth + 1, found);
+        let wanted = match token {
+            Token::Punct(b'(') if calls.len() < MAX_OPEN_CALLS => called(&recent),
+            _ => None,
+        };
+        if let Some(wanted) = wanted {
+            if let Some(outer) = calls.last_mut() {
+                outer.complex = true;
+                outer.parentheses += 1; // closed by the call's own parenthesis
+            }
+            calls.push(Call { wanted, index: 0, tokens: Vec::new(), complex: false, parentheses: 0, brackets: 0 });
+        } else if let Token::Body { start, end } = token {
+            if depth < MAX_BODY_DEPTH && is_code_body(&recent) && read(sql, start, end, depth + 1, found) {
+                lexer.backslash = true;
+            }
+            if let Some(call) = calls.last_mut() {
+                call.complex = true;
+            }
+        } else if token == Token::Punct(b')') && calls.last().is_some_and(|call| call.parentheses == 0) {
+            if let Some(call) = calls.pop() {
+                take_argument(&call, found);
+            }
+            if let Some(outer) = calls.last_mut() {
+                outer.parentheses -= 1;
+            }
+        } else if let Some(call) = calls.last_mut() {
+            let top = call.parentheses == 0 && call.brackets == 0;
+            match token {
+                Token::Punct(b'(') => call.parentheses += 1,
+                Token::Punct(b'[') => call.brackets += 1,
+                Token::Punct(b')') => call.parentheses -= 1,
+                Token::Punct(b']') if call.brackets > 0 => call.brackets -= 1,
+                Token::Punct(b',') if top => {
+                    take_argument(call, found);
+                    call.index += 1;
+                    call.tokens.clear();
+                    call.complex = false;
+                    recent = [recent[1], recent[2], Some(token)];
+                    continue;
                 }
-                note_nested(&mut frames);
+                _ => {}
             }
-            Token::Punct(b'(') => {
-                note_nested(&mut frames);
-                let call = match previous {
-                    Some(Token::Word(word)) => CALLS.iter().find(|(name, ..)| word.eq_ignore_ascii_case(name)),
-                    _ => None,
-                };
-                frames.push(match call {
-                    Some(&(_, position, name, kind)) => {
-                        Frame::Call { wanted: (position, name, kind), index: 0, tokens: Vec::new(), nested: false }
-                    }
-                    None => Frame::Parenthesis,
-                });
-            }
-            Token::Punct(b'[') => {
-                note_nested(&mut frames);
-                frames.push(Frame::Bracket);
-            }
-            // A bracket closes only a bracket: a stray one changes nothing.
-            Token::Punct(b']') if matches!(frames.last(), Some(Frame::Bracket)) => {
-                frames.pop();
-            }
-            Token::Punct(b')') if frames.last().is_some_and(|frame| !matches!(frame, Frame::Bracket)) => {
-                if let Some(Frame::Call { wanted, index, tokens, nested }) = frames.pop() {
-                    take_argument(wanted, index, &tokens, nested, found);
-                }
-            }
-            Token::Punct(b',') if matches!(frames.last(), Some(Frame::Call { .. })) => {
-                if let Some(Frame::Call { wanted, index, tokens, nested }) = frames.last_mut() {
-                    take_argument(*wanted, *index, tokens, *nested, found);
-                    *index += 1;
-                    tokens.clear();
-                    *nested = false;
-                }
-            }
-            _ => {
-                if let Some(Frame::Call { tokens, .. }) = frames.last_mut() {
-                    if tokens.len() < ARGUMENT_TOKENS {
-                        tokens.push(token);
-                    }
-                }
+            if top && call.tokens.len() < ARGUMENT_TOKENS && !matches!(token, Token::Punct(b'(' | b'[')) {
+                call.tokens.push(token);
+            } else {
+                call.complex = true;
             }
         }
-        previous = Some(token);
+        recent = [recent[1], recent[2], Some(token)];
+    }
+    lexer.backslash
+}
+
+/// The call whose name was just read (`recent` ends with it), if it is one of `CALLS`: named
+/// as PostgreSQL would resolve it to a function, not after EXECUTE or PREPARE (prepared
+/// statements may take any name) and not in pg_temp (any role may create functions there).
+fn called(recent: &[Option<Token<'_>>; 3]) -> Option<(usize, &'static [u8], Kind)> {
+    let Some(Token::Word { text, quoted }) = recent[2] else { return None };
+    let &(_, position, argument, kind) =
+        CALLS.iter().find(|(name, ..)| if quoted { text == *name } else { text.eq_ignore_ascii_case(name) })?;
+    let before = match (recent[0], recent[1]) {
+        (Some(schema), Some(Token::Punct(b'.'))) => Some(schema),
+        (_, before) => before,
+    };
+    match before {
+        Some(Token::Word { text, quoted: false })
+            if text.eq_ignore_ascii_case(b"execute") || text.eq_ignore_ascii_case(b"prepare") || text.eq_ignore_ascii_case(b"pg_temp") =>
+        {
+            None
+        }
+        Some(Token::Word { text: b"pg_temp", quoted: true }) => None,
+        _ => Some((position, argument, kind)),
     }
 }
 
-/// The argument being read by the innermost call, if that is what is open, is not a plain
-/// literal or parameter: something opens inside it.
-fn note_nested(frames: &mut [Frame<'_>]) {
-    if let Some(Frame::Call { nested, .. }) = frames.last_mut() {
-        *nested = true;
-    }
+/// Whether the dollar-quoted body just read is code: the body of `DO`, `DO LANGUAGE x` or a
+/// function's `AS`; any other is a string, whose text is data.
+fn is_code_body(recent: &[Option<Token<'_>>; 3]) -> bool {
+    let word = |token: Option<Token<'_>>, what: &[u8]| matches!(token, Some(Token::Word { text, quoted: false }) if text.eq_ignore_ascii_case(what));
+    word(recent[2], b"do") || word(recent[2], b"as") || (word(recent[1], b"language") && word(recent[0], b"do"))
 }
 
-/// Adds argument `index` of a call (its first tokens) if it is the wanted one and a literal or
-/// a parameter, perhaps cast.
-fn take_argument(wanted: (usize, &[u8], Kind), index: usize, tokens: &[Token<'_>], nested: bool, found: &mut Vec<SecretArgument>) {
-    let (position, name, kind) = wanted;
-    let (named, value) = match tokens {
-        [Token::Word(named), Token::Arrow, value @ ..] => (Some(*named), value),
-        _ => (None, tokens),
+/// Adds the argument just read of `call` if it is the wanted one and a literal or a
+/// parameter, perhaps cast to text.
+fn take_argument(call: &Call<'_>, found: &mut Vec<SecretArgument>) {
+    let (position, name, kind) = call.wanted;
+    if call.complex {
+        return;
+    }
+    let (named, value) = match call.tokens.as_slice() {
+        [Token::Word { text, .. }, Token::Arrow, value @ ..] => (Some(*text), value),
+        tokens => (None, tokens),
     };
     let is_wanted = match named {
         Some(named) => named.eq_ignore_ascii_case(name),
-        None => index == position,
+        None => call.index == position,
     };
-    if !is_wanted || nested {
-        return;
-    }
+    let to_text = |token: &Token<'_>| matches!(token, Token::Word { text, quoted: false } if text.eq_ignore_ascii_case(b"text") || text.eq_ignore_ascii_case(b"varchar"));
     let passed = match value {
-        [Token::Literal { start, end }, rest @ ..] | [Token::Word(_), Token::Literal { start, end }, rest @ ..]
-            if rest.first().is_none_or(|t| *t == Token::Cast) =>
-        {
-            Passed::Literal { start: *start, end: *end }
-        }
-        [Token::Parameter(n), rest @ ..] if rest.first().is_none_or(|t| *t == Token::Cast) => Passed::Parameter(*n),
+        [Token::Literal { start, end }] => Passed::Literal { start: *start, end: *end },
+        [Token::Literal { start, end }, Token::Cast, cast] if to_text(cast) => Passed::Literal { start: *start, end: *end },
+        [Token::Parameter(n)] => Passed::Parameter(*n),
+        [Token::Parameter(n), Token::Cast, cast] if to_text(cast) => Passed::Parameter(*n),
         _ => return,
     };
-    found.push(SecretArgument { kind, passed });
+    if is_wanted {
+        found.push(SecretArgument { kind, passed });
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Token<'a> {
-    /// An identifier or keyword, quoted or not.
-    Word(&'a [u8]),
+    /// An identifier or keyword: as written when quoted (`""` left doubled), else as is.
+    Word {
+        text: &'a [u8],
+        quoted: bool,
+    },
     /// A string literal's content, between its quotes.
     Literal {
         start: usize,
         end: usize,
     },
-    /// A dollar-quoted body, between its delimiters: read on its own, as it may be PL/pgSQL.
+    /// A dollar-quoted body, between its delimiters.
     Body {
         start: usize,
         end: usize,
@@ -175,14 +205,16 @@ enum Token<'a> {
     Punct(u8),
 }
 
-/// A lexer of just enough SQL to find calls and their arguments, as PostgreSQL reads the text
-/// (standard_conforming_strings on): comments are skipped (block comments nest), string
-/// literals, quoted identifiers and dollar-quoted bodies are read whole. It never reads past
-/// `end`, and every step moves on by at least a byte.
+/// A lexer of just enough SQL to find calls and their arguments, as PostgreSQL's scanner reads
+/// the text with standard_conforming_strings on: comments are skipped (`--` to the end of the
+/// line, block comments nested), string literals, quoted identifiers and dollar-quoted bodies
+/// are read whole. It never reads past `end`, and every step moves on by at least a byte.
 struct Lexer<'a> {
     sql: &'a [u8],
     at: usize,
     end: usize,
+    /// A plain string literal held a backslash.
+    backslash: bool,
 }
 
 impl<'a> Lexer<'a> {
@@ -195,7 +227,7 @@ impl<'a> Lexer<'a> {
             if first.is_ascii_whitespace() {
                 self.at += 1;
             } else if rest.starts_with(b"--") {
-                self.at += rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
+                self.at += rest.iter().position(|&b| b == b'\n' || b == b'\r').unwrap_or(rest.len());
             } else if rest.starts_with(b"/*") {
                 self.at += block_comment_length(rest);
             } else if first == b'$' && rest.get(1).is_some_and(u8::is_ascii_digit) {
@@ -218,6 +250,10 @@ impl<'a> Lexer<'a> {
                         b'\\' if escapes => end += 2,
                         b'\'' if sql.get(end + 1) == Some(&b'\'') => end += 2,
                         b'\'' => break,
+                        b'\\' => {
+                            self.backslash = true;
+                            end += 1;
+                        }
                         _ => end += 1,
                     }
                 }
@@ -225,13 +261,18 @@ impl<'a> Lexer<'a> {
                 self.at = (end + 1).min(sql.len());
                 return Some(Token::Literal { start: content, end });
             } else if first == b'"' {
-                let close = rest[1..].iter().position(|&b| b == b'"').map_or(rest.len(), |at| at + 1);
+                // To the quote that is not doubled.
+                let mut close = 1;
+                while close < rest.len() && !(rest[close] == b'"' && rest.get(close + 1) != Some(&b'"')) {
+                    close += if rest[close] == b'"' { 2 } else { 1 };
+                }
+                let close = close.min(rest.len());
                 self.at += (close + 1).min(rest.len());
-                return Some(Token::Word(&rest[1..close]));
+                return Some(Token::Word { text: &rest[1..close], quoted: true });
             } else if first.is_ascii_alphabetic() || first == b'_' || first >= 0x80 {
                 let length = rest.iter().take_while(|&&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80).count();
                 self.at += length;
-                return Some(Token::Word(&rest[..length]));
+                return Some(Token::Word { text: &rest[..length], quoted: false });
             } else if rest.starts_with(b"=>") || rest.starts_with(b":=") {
                 self.at += 2;
                 return Some(Token::Arrow);
@@ -257,7 +298,7 @@ fn block_comment_length(text: &[u8]) -> usize {
                 at += 2;
             }
             b"*/" => {
-                depth -= 1;
+                depth = depth.saturating_sub(1);
                 at += 2;
                 if depth == 0 {
                     return at;
@@ -333,6 +374,44 @@ mod tests {
         ] {
             assert_eq!(literals(sql), vec![], "{sql}");
         }
+    }
+
+    #[test]
+    fn only_what_postgresql_would_call_is_read() {
+        for sql in [
+            // A -- comment ends at a carriage return too.
+            "SELECT ( --\r'\noutbox_endpoint_rotate_secret(x, '); DROP TABLE accounts; SELECT (')')",
+            // With standard_conforming_strings off, a backslash escapes the quote.
+            "SELECT ('p\\', outbox_endpoint_rotate_secret(x, '); DROP TABLE accounts; SELECT (')')",
+            // A dollar-quoted string that is not a body of code is data.
+            "INSERT INTO notes VALUES ($x$outbox_endpoint_set(b, 'http://forged text@h')$x$)",
+            // Prepared statements and functions in pg_temp may take our names.
+            "EXECUTE outbox_endpoint_rotate_secret('b', 'forged')",
+            "PREPARE outbox_endpoint_rotate_secret(text, text) AS SELECT 1",
+            "SELECT pg_temp.outbox_endpoint_rotate_secret('b', 'forged')",
+            // A quoted name is exact.
+            "SELECT \"OUTBOX_ENDPOINT_ROTATE_SECRET\"('b', 'forged')",
+            "SELECT \"a\"\"outbox_endpoint_rotate_secret\"('b', 'forged')",
+            // Only a cast to text: a domain's check may run the role's own code.
+            "SELECT outbox_endpoint_rotate_secret('b', 'forged'::d)",
+            "SELECT outbox_endpoint_rotate_secret('b', secret => NOT 'x' IS NULL)",
+        ] {
+            assert_eq!(literals(sql), vec![], "{sql}");
+        }
+        assert_eq!(
+            literals("DO LANGUAGE plpgsql $b$ BEGIN PERFORM outbox_endpoint_rotate_secret('b', 'whsec_q'); END $b$"),
+            vec![(Kind::Secret, "whsec_q")]
+        );
+        assert_eq!(
+            literals("CREATE FUNCTION f() RETURNS void AS $f$ SELECT outbox.outbox_endpoint_set('b', 'http://u:p@h/') $f$ LANGUAGE sql"),
+            vec![(Kind::Url, "http://u:p@h/")]
+        );
+    }
+
+    #[test]
+    fn deep_nesting_costs_no_more_than_a_few_bytes_a_level() {
+        let sql = format!("SELECT outbox_endpoint_set{}", "(".repeat(5_000_000));
+        assert_eq!(secret_arguments(sql.as_bytes()), vec![]);
     }
 
     #[test]

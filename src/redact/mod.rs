@@ -139,46 +139,61 @@ pub fn hidden_setting_change(message_id: &[u8], message: &[u8]) -> Option<&'stat
     names.into_iter().find(|(name, _)| find(message, format!("\"{name}\"").as_bytes()).is_some()).map(|(_, line)| line)
 }
 
-/// `text` with the literals of `found` masked; `None` when none of them changes.
+/// `text` with the literals of `found` masked; `None` when none of them changes. One pass:
+/// each range once, none overlapping one already masked (the lexer gives neither; a log hook
+/// must not fail whatever it is given).
 pub fn mask_arguments(text: &[u8], found: &[SecretArgument]) -> Option<Vec<u8>> {
-    let mut masked = text.to_vec();
-    // From the last, so that the earlier ranges stay where they are.
-    let mut literals: Vec<(Kind, usize, usize)> = found
+    let mut literals: Vec<(usize, usize, Kind)> = found
         .iter()
         .filter_map(|argument| match argument.passed {
-            Passed::Literal { start, end } => Some((argument.kind, start, end)),
+            Passed::Literal { start, end } => Some((start, end, argument.kind)),
             Passed::Parameter(_) => None,
         })
         .collect();
-    literals.sort_by_key(|&(_, start, _)| std::cmp::Reverse(start));
-    // Each range once, none overlapping one already masked (the lexer gives neither; a log
-    // hook must not panic whatever it is given).
-    let mut before = text.len();
-    for (kind, start, end) in literals {
-        if start > end || end > before {
+    literals.sort_unstable_by_key(|&(start, end, _)| (start, end));
+    let mut masked = Vec::with_capacity(text.len());
+    let mut copied = 0;
+    for (start, end, kind) in literals {
+        if start < copied || start > end || end > text.len() {
             continue;
         }
-        let value = mask_value(kind, &text[start..end]);
-        masked.splice(start..end, value);
-        before = start;
+        masked.extend_from_slice(&text[copied..start]);
+        masked.extend_from_slice(&mask_value(kind, &text[start..end]));
+        copied = end;
     }
+    masked.extend_from_slice(&text[copied..]);
     (masked != text).then_some(masked)
 }
 
 /// `text` (`parameters: $1 = 'a', $2 = 'b'`, as PostgreSQL lists bound parameters) with the
-/// values of `parameters` masked.
+/// values of `parameters` masked, in one pass.
 pub fn mask_parameter_values(text: &[u8], parameters: &[(Kind, u32)]) -> Option<Vec<u8>> {
-    let mut masked = text.to_vec();
-    for &(kind, number) in parameters {
-        let label = format!("${number} = '");
-        let Some(start) = find(&masked, label.as_bytes()).map(|at| at + label.len()) else { continue };
-        // The value is quoted as a literal: '' stands for a quote.
-        let mut end = start;
-        while end < masked.len() && !(masked[end] == b'\'' && masked.get(end + 1) != Some(&b'\'')) {
-            end += if masked[end] == b'\'' { 2 } else { 1 };
+    let mut parameters: Vec<(u32, Kind)> = parameters.iter().map(|&(kind, n)| (n, kind)).collect();
+    parameters.sort_unstable_by_key(|&(n, _)| n);
+    parameters.dedup_by_key(|&mut (n, _)| n);
+    let mut masked = Vec::with_capacity(text.len());
+    let mut at = 0;
+    while at < text.len() {
+        let digits = text[at..].iter().skip(1).take_while(|b| b.is_ascii_digit()).count();
+        let value = at + 1 + digits + b" = '".len();
+        if text[at] != b'$' || digits == 0 || !text[at + 1 + digits..].starts_with(b" = '") {
+            masked.push(text[at]);
+            at += 1;
+            continue;
         }
-        let value = mask_value(kind, &masked[start..end.min(masked.len())]);
-        masked.splice(start..end.min(masked.len()), value);
+        // The value is quoted as a literal: '' stands for a quote.
+        let mut end = value;
+        while end < text.len() && !(text[end] == b'\'' && text.get(end + 1) != Some(&b'\'')) {
+            end += if text[end] == b'\'' { 2 } else { 1 };
+        }
+        let end = end.min(text.len());
+        let number = std::str::from_utf8(&text[at + 1..at + 1 + digits]).ok().and_then(|n| n.parse::<u32>().ok());
+        masked.extend_from_slice(&text[at..value]);
+        match number.and_then(|n| parameters.binary_search_by_key(&n, |&(n, _)| n).ok()) {
+            Some(index) => masked.extend_from_slice(&mask_value(parameters[index].1, &text[value..end])),
+            None => masked.extend_from_slice(&text[value..end]),
+        }
+        at = end;
     }
     (masked != text).then_some(masked)
 }
