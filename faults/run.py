@@ -319,50 +319,57 @@ CLAIM = open(os.path.join(os.path.dirname(__file__), "..", "sql", "claim_batch.s
 
 
 def claim_sql(limit, lease_ms):
-    """The workers' claim for the endpoint default, with the default 10 attempts: (endpoint,
-    event id, attempt, body, last error) rows; a null body (and the error) for one made dead."""
+    """The workers' claim for the endpoint default, with the default 10 attempts and budgets:
+    (endpoint, event id, attempts, body, last error, fence) rows; a null body (and the error)
+    for one made dead; a row of nulls when the budgets left some out."""
     return "".join(l for l in CLAIM.splitlines(True) if not l.startswith("--")) \
         .replace("$1", "'{default}'").replace("$2", f"'{{{limit}}}'").replace("$3", f"'{{{lease_ms}}}'") \
-        .replace("$4", "'{10}'").replace("@extschema@", "public")
+        .replace("$4", "'{10}'").replace("$5", "256").replace("$6", "67108864").replace("@extschema@", "public")
 
 
 MARK_SENT = open(os.path.join(os.path.dirname(__file__), "..", "sql", "mark_sent.sql")).read()
 
 
-def mark_sent(ids):
-    """The workers' mark-sent statement for these deliveries to the endpoint default."""
+def mark_sent(claims):
+    """The workers' mark-sent statement for these deliveries to the endpoint default: (event id,
+    fencing token of the claim) pairs."""
     sql("".join(l for l in MARK_SENT.splitlines(True) if not l.startswith("--"))
         .replace("@extschema@", "public")
-        .replace("$1", "'{" + ",".join("default" for _ in ids) + "}'::text[]")
-        .replace("$2", "'{" + ",".join(ids) + "}'::bigint[]")
-        .replace("$3", "(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')"))
+        .replace("$1", "'{" + ",".join("default" for _ in claims) + "}'::text[]")
+        .replace("$2", "'{" + ",".join(event_id for event_id, _ in claims) + "}'::bigint[]")
+        .replace("$3", "'{" + ",".join(fence for _, fence in claims) + "}'::integer[]")
+        .replace("$4", "(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')"))
 
 
 def run_sql_claimer(claim, record, enqueued, pause=0.0):
     """A claimer beside the workers: runs `claim()` (psql output of the workers' claim: endpoint,
-    event id, attempt, body, last error), POSTs each body to the receiver, passes the ids
-    answered 2xx to `record`, until `enqueued` is set and nothing is left unsent. Returns how
-    many it delivered."""
+    event id, attempts, body, last error, fence), POSTs each body to the receiver, passes the
+    (id, fence) of those answered 2xx to `record`, until `enqueued` is set and nothing is left
+    unsent. Returns how many it delivered."""
     connection = http.client.HTTPConnection("127.0.0.1", RECEIVER_PORT, timeout=10)
     delivered = 0
     while True:
-        # A claimed row ends with an empty last error; one made dead has an empty body.
-        rows = [(event_id, rest.rpartition("|")[0])
-                for _endpoint, event_id, _attempts, rest in (line.split("|", 3) for line in claim().splitlines() if line)
-                if not rest.startswith("|")]
+        # A claimed row has a body (which may hold "|") before an empty last error and its
+        # fence; one made dead has an empty body; the budgets' row has no endpoint.
+        rows = []
+        for line in claim().splitlines():
+            parts = line.split("|", 3)
+            fields = parts[3].rsplit("|", 2) if len(parts) == 4 else []
+            if len(fields) == 3 and parts[0] and fields[0]:
+                rows.append((parts[1], fields[2], fields[0]))
         if not rows:
             if enqueued.is_set() and sql("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NULL") == "0":
                 return delivered
             time.sleep(pause)
             continue
         sent = []
-        for event_id, body in rows:
+        for event_id, fence, body in rows:
             connection.request("POST", "/events", body=body,
                                headers={"webhook-id": event_id, "content-type": "application/json"})
             response = connection.getresponse()
             response.read()
             if 200 <= response.status < 300:
-                sent.append(event_id)
+                sent.append((event_id, fence))
         if sent:
             record(sent)
         delivered += len(sent)
