@@ -5,7 +5,7 @@
 //! PostgreSQL's handlers only ever run on the main thread.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -58,14 +58,15 @@ impl Sender {
         })
         .map_err(SenderError::Runtime)?;
         let destinations = Arc::new(destinations);
-        // Built once here so that a client that cannot be built stops the worker at its start.
-        let client = client_for(&destinations, 443)?;
+        // Built once here so that a client that cannot be built stops the worker at its start:
+        // the one for every port no block names.
+        let client = client_for(&destinations, 0)?;
         let doorbell = Doorbell::new().map_err(SenderError::Doorbell)?;
         let (finished_tx, finished_rx) = mpsc::channel();
         Ok(Sender {
             runtime,
             destinations,
-            clients: HashMap::from([(443, client)]),
+            clients: HashMap::from([(0, client)]),
             finished_tx,
             finished_rx,
             doorbell: Arc::new(doorbell),
@@ -89,11 +90,12 @@ impl Sender {
     /// a host name's addresses are checked when it is resolved.
     pub fn send(&mut self, target: &Arc<Target>, event: Event) {
         let port = target.url.port_or_known_default().unwrap_or(0);
-        let refused = match target.url.host() {
-            Some(url::Host::Ipv4(ip)) => !self.destinations.allows(SocketAddr::new(ip.into(), port)),
-            Some(url::Host::Ipv6(ip)) => !self.destinations.allows(SocketAddr::new(ip.into(), port)),
-            _ => false,
+        let address: Option<IpAddr> = match target.url.host() {
+            Some(url::Host::Ipv4(ip)) => Some(ip.into()),
+            Some(url::Host::Ipv6(ip)) => Some(ip.into()),
+            _ => None,
         };
+        let refused = address.is_some_and(|ip| !self.destinations.allows(SocketAddr::new(ip, port)));
         let client_port = if self.destinations.names_port(port) { port } else { 0 };
         let client = match self.clients.get(&client_port) {
             Some(client) => Ok(client.clone()),
