@@ -321,10 +321,10 @@ CLAIM = open(os.path.join(os.path.dirname(__file__), "..", "sql", "claim_batch.s
 def claim_sql(limit, lease_ms):
     """The workers' claim for the endpoint default, with the default 10 attempts and budgets:
     (endpoint, event id, attempts, body, last error, fence) rows; a null body (and the error)
-    for one made dead; a row of nulls when the budgets left some out."""
+    for one made dead; a row of nulls when the bytes budget left some out."""
     return "".join(l for l in CLAIM.splitlines(True) if not l.startswith("--")) \
         .replace("$1", "'{default}'").replace("$2", f"'{{{limit}}}'").replace("$3", f"'{{{lease_ms}}}'") \
-        .replace("$4", "'{10}'").replace("$5", "256").replace("$6", "67108864").replace("@extschema@", "public")
+        .replace("$4", "'{10}'").replace("$5", "67108864").replace("@extschema@", "public")
 
 
 MARK_SENT = open(os.path.join(os.path.dirname(__file__), "..", "sql", "mark_sent.sql")).read()

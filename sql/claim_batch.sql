@@ -15,27 +15,30 @@
 -- sql/uncount_abandoned.sql). So no claim starts an attempt numbered beyond max_attempts;
 -- only a server crash that loses a claim, committed asynchronously, can repeat a number.
 -- outbox_claim does the same for pull endpoints.
--- Over all endpoints the claim takes at most $5 deliveries and, counted by their stored size,
--- about $6 bytes of payload: what the worker's budgets leave (the first one whatever its
--- size). The endpoints with due deliveries share the $5 equally, and take turns, one
--- delivery each, oldest first: however many endpoints hang on their requests, the claim
--- leaves room for the others. Rows locked and not taken stay as they were.
+-- The worker keeps the limits within its requests budget; the claim takes, counted by their
+-- size as sent, about $5 bytes of payload: what the worker's bytes budget leaves. Due rows are
+-- weighed oldest first over all endpoints and taken while their sizes add up to no more than
+-- $5 (the first one whatever its size). Rows locked and not taken stay as they were. Each
+-- payload is read once, where its delivery is locked, for its size and for the body.
 -- Returns the claimed deliveries, with the delivery envelope as body: {"type", "timestamp",
 -- "data"}, and the claim's fencing token (fence: every claim raises it, nothing lowers it), by
 -- which the worker records the attempt's outcome; then those made dead, with a null body and
--- their last_error; then, if the budgets left due deliveries out, a row of nulls: the worker
+-- their last_error; then, if the bytes budget left due deliveries out, a row of nulls: the worker
 -- claims again as soon as a request ends.
 --
 -- Like every statement the workers run, this one runs with search_path = pg_catalog, pg_temp
 -- and names the extension's tables by their schema: with exact argument types, each operator
 -- and function resolves to pg_catalog, whatever anyone created elsewhere.
 WITH claimable AS (
-    SELECT c.row_id, c.event_id, w.endpoint, c.available_at, c.attempts >= w.max_attempts AS spent
+    SELECT c.row_id, c.event_id, w.endpoint, c.spent, o.topic, o.created_at, o.payload,
+           sum(CASE WHEN c.spent THEN 0 ELSE o.size END)
+               OVER (ORDER BY c.available_at, c.event_id, w.endpoint ROWS UNBOUNDED PRECEDING) AS bytes,
+           CASE WHEN c.spent THEN 0 ELSE o.size END AS size
       FROM unnest($1::text[], $2::bigint[], $4::integer[]) AS w (endpoint, max_events, max_attempts)
       JOIN @extschema@.outbox_endpoints AS e
         ON e.name = w.endpoint AND e.kind = 'webhook' AND e.disabled_at IS NULL
      CROSS JOIN LATERAL (
-            SELECT d.ctid AS row_id, d.event_id, d.available_at, d.attempts
+            SELECT d.ctid AS row_id, d.event_id, d.available_at, d.attempts >= w.max_attempts AS spent
               FROM @extschema@.outbox_deliveries AS d
              WHERE d.endpoint = w.endpoint
                AND d.sent_at IS NULL
@@ -45,27 +48,20 @@ WITH claimable AS (
              ORDER BY d.available_at, d.event_id
              LIMIT w.max_events
                FOR UPDATE SKIP LOCKED) AS c
-), ranked AS (
-    SELECT claimable.row_id, claimable.spent, claimable.endpoint, claimable.event_id, claimable.available_at,
-           -- The payload's size as sent: its stored size, unless compression made that smaller.
-           -- A subquery, looked up by id for each row: a join could be planned as a merge
-           -- that reads the whole primary key up to the newest id.
-           (SELECT CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
-                        ELSE octet_length(o.payload::text) END
+     CROSS JOIN LATERAL (
+            -- Each event looked up by id: OFFSET 0 keeps the planner from making this a join,
+            -- which it may plan as a scan of outbox from its oldest event. The payload's size
+            -- as sent: its stored size, unless compression made that smaller.
+            SELECT o.topic, o.created_at, o.payload,
+                   CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
+                        ELSE octet_length(o.payload::text) END::bigint AS size
               FROM @extschema@.outbox AS o
-             WHERE o.id = claimable.event_id)::bigint AS size,
-           row_number() OVER (PARTITION BY claimable.endpoint ORDER BY claimable.available_at, claimable.event_id) AS turn,
-           dense_rank() OVER (ORDER BY claimable.endpoint) AS endpoint_number
-      FROM claimable
+             WHERE o.id = c.event_id
+            OFFSET 0) AS o
 ), taken AS (
-    SELECT t.row_id, t.spent
-      FROM (SELECT r.row_id, r.spent, r.turn,
-                   max(r.endpoint_number) OVER () AS endpoints,
-                   row_number() OVER turns AS place,
-                   sum(r.size) OVER turns AS bytes
-              FROM ranked AS r
-            WINDOW turns AS (ORDER BY r.turn, r.available_at, r.event_id, r.endpoint ROWS UNBOUNDED PRECEDING)) AS t
-     WHERE t.spent OR (t.turn <= greatest(1, $5 / t.endpoints) AND t.place <= $5 AND (t.place = 1 OR t.bytes <= $6))
+    SELECT claimable.*
+      FROM claimable
+     WHERE claimable.spent OR claimable.bytes <= $5 OR claimable.bytes = claimable.size
 ), claimed AS (
     -- By the rows' physical addresses (a TID scan): the planner cannot know how few rows the
     -- claim took, and a join would make it read the whole table.
@@ -90,11 +86,11 @@ WITH claimable AS (
 SELECT c.endpoint,
        c.event_id,
        c.attempts,
-       json_build_object('type', o.topic, 'timestamp', o.created_at, 'data', o.payload)::text AS body,
+       json_build_object('type', t.topic, 'timestamp', t.created_at, 'data', t.payload)::text AS body,
        NULL AS last_error,
        c.fence
   FROM claimed AS c
-  JOIN @extschema@.outbox AS o ON o.id = c.event_id
+  JOIN taken AS t ON t.event_id = c.event_id AND t.endpoint = c.endpoint
 UNION ALL
 SELECT s.endpoint, s.event_id, s.attempts, NULL, s.last_error, NULL
   FROM spent AS s

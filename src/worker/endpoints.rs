@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use pgrx::prelude::*;
 
-use super::queue::{Budget, Claim, EndpointRow};
+use super::queue::{Claim, ClaimPlan, EndpointRow};
+use super::shares::share_requests;
 use crate::delivery::{Attempt, Sender, Target};
 use crate::settings::Settings;
 
@@ -37,6 +38,9 @@ pub struct Endpoints {
     known: HashMap<Arc<str>, Endpoint>,
     /// The enabled webhook endpoints of the last read, by name.
     active: Vec<Arc<str>>,
+    /// Where the next claim starts handing out what the requests budget leaves over equal
+    /// shares: moved at every claim.
+    first_served: usize,
 }
 
 impl Endpoints {
@@ -87,19 +91,28 @@ impl Endpoints {
 
     /// How many deliveries of each endpoint to claim now, and for how long: none for an
     /// endpoint unless at least half a batch fits in its free request slots, so that claims
-    /// stay batched while earlier requests are in flight. With it, what the worker's budgets
-    /// leave over all endpoints; none when they are spent.
-    pub fn claim_plan(&self, sender: &Sender, settings: &Settings) -> (Vec<Claim>, Budget) {
-        let budget = budget_left(sender, settings);
-        let plan = if budget.requests > 0 && budget.bytes > 0 { self.claims(sender, settings).collect() } else { Vec::new() };
-        (plan, budget)
+    /// stay batched while earlier requests are in flight. Together no more than the worker's
+    /// requests budget leaves (`shares`), and about the bytes it leaves; none when either is
+    /// spent.
+    pub fn claim_plan(&mut self, sender: &Sender, settings: &Settings) -> ClaimPlan {
+        let (requests, bytes) = budget_left(sender, settings);
+        let mut claims: Vec<Claim> = if requests > 0 && bytes > 0 { self.claims(sender, settings).collect() } else { Vec::new() };
+        let wanted: Vec<usize> = claims.iter().map(|claim| claim.limit).collect();
+        let given = share_requests(&wanted, requests, self.first_served);
+        self.first_served = self.first_served.wrapping_add(1);
+        let cut_short = given != wanted;
+        for (claim, limit) in claims.iter_mut().zip(given) {
+            claim.limit = limit;
+        }
+        claims.retain(|claim| claim.limit > 0);
+        ClaimPlan { claims, bytes, cut_short }
     }
 
     /// Whether some endpoint, as last read, can take a claim. Asked on every turn of the
     /// worker's loop, so it builds no plan.
     pub fn can_claim(&self, sender: &Sender, settings: &Settings) -> bool {
-        let budget = budget_left(sender, settings);
-        budget.requests > 0 && budget.bytes > 0 && self.claims(sender, settings).next().is_some()
+        let (requests, bytes) = budget_left(sender, settings);
+        requests > 0 && bytes > 0 && self.claims(sender, settings).next().is_some()
     }
 
     /// Whether `finished` gave some endpoint back the room for a claim it lacked: its events
@@ -171,10 +184,7 @@ impl Endpoints {
     }
 }
 
-/// The room left in the worker's budgets over all endpoints.
-fn budget_left(sender: &Sender, settings: &Settings) -> Budget {
-    Budget {
-        requests: settings.max_requests_in_flight.saturating_sub(sender.in_flight()),
-        bytes: settings.max_bytes_in_flight.saturating_sub(sender.held_bytes()),
-    }
+/// The room left in the worker's budgets over all endpoints: (requests, bytes).
+fn budget_left(sender: &Sender, settings: &Settings) -> (usize, usize) {
+    (settings.max_requests_in_flight.saturating_sub(sender.in_flight()), settings.max_bytes_in_flight.saturating_sub(sender.held_bytes()))
 }

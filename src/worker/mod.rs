@@ -5,6 +5,7 @@ mod endpoints;
 pub mod launcher;
 mod queue;
 pub mod registry;
+mod shares;
 mod transaction;
 pub mod utility_hook;
 pub mod wake;
@@ -347,11 +348,11 @@ impl Relay {
         if read_endpoints {
             self.read_endpoints(queries)?;
         }
-        let (plan, budget) = self.endpoints.claim_plan(&self.sender, &self.settings);
-        if plan.is_empty() || !self.unrecorded_acks.is_empty() {
+        let plan = self.endpoints.claim_plan(&self.sender, &self.settings);
+        if plan.claims.is_empty() || !self.unrecorded_acks.is_empty() {
             return Ok(None);
         }
-        match queue::claim_batch(queries, &plan, budget, self.endpoints.version) {
+        match queue::claim_batch(queries, &plan, self.endpoints.version) {
             // Claims again with what the endpoints are now (once: a change during this claim
             // is seen by the next one).
             Ok(queue::Claimed::EndpointsChanged) if !read_endpoints => self.claim_and_send(queries, true),
@@ -362,7 +363,7 @@ impl Relay {
                 let taken = |endpoint: &str| {
                     claimed.iter().filter(|d| *d.endpoint == *endpoint).count() + dead.iter().filter(|d| d.endpoint == endpoint).count()
                 };
-                let full = plan.iter().any(|claim| taken(&claim.endpoint) == claim.limit);
+                let full = plan.claims.iter().any(|claim| taken(&claim.endpoint) == claim.limit);
                 for delivery in claimed {
                     if let Some(target) = self.endpoints.target(&delivery.endpoint) {
                         self.sender.send(&target, delivery);

@@ -33,12 +33,15 @@ pub struct Claim {
     pub ordered: bool,
 }
 
-/// What a claim may take over all its endpoints: the room left in the worker's budgets
-/// (`outbox.max_requests_in_flight`, `outbox.max_bytes_in_flight`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Budget {
-    pub requests: usize,
+/// One claim over several endpoints, within the room left in the worker's budgets: the
+/// endpoints' limits add up to no more than `outbox.max_requests_in_flight` leaves, and the
+/// claim takes about `bytes` of payload (what `outbox.max_bytes_in_flight` leaves).
+pub struct ClaimPlan {
+    pub claims: Vec<Claim>,
     pub bytes: usize,
+    /// The requests budget gave some endpoint less than it could take: due deliveries may be
+    /// left out.
+    pub cut_short: bool,
 }
 
 /// A webhook endpoint as its row says, before the worker makes a `Target` of it.
@@ -91,7 +94,7 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
             Ok([
                 prepare(ENDPOINTS_VERSION, &[])?,
                 prepare(SEQUENCE, &[TEXTARRAYOID])?,
-                prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, INT8OID, INT8OID])?,
+                prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, INT8OID])?,
                 prepare(include_str!("../../sql/mark_sent.sql"), &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, OIDOID])?,
                 prepare(
                     include_str!("../../sql/record_failures.sql"),
@@ -254,7 +257,8 @@ pub enum Claimed {
 /// again (they were at most in flight), and the next acknowledgement, committed synchronously,
 /// flushes the claim's WAL with its own. One WAL flush per batch is saved. (A sequencing lost
 /// the same way is done again: its arrivals come back with it.)
-pub fn claim_batch(queries: &Queries, wanted: &[Claim], budget: Budget, version: i64) -> Result<Claimed, TransactionError> {
+pub fn claim_batch(queries: &Queries, plan: &ClaimPlan, version: i64) -> Result<Claimed, TransactionError> {
+    let wanted = &plan.claims;
     let endpoints: Vec<String> = wanted.iter().map(|claim| claim.endpoint.to_string()).collect();
     let limits: Vec<i64> = wanted.iter().map(|claim| claim.limit as i64).collect();
     let leases: Vec<f64> = wanted.iter().map(|claim| millis(claim.lease)).collect();
@@ -269,17 +273,10 @@ pub fn claim_batch(queries: &Queries, wanted: &[Claim], budget: Budget, version:
             if !ordered.is_empty() {
                 client.update(&queries.sequence, None, &[ordered.clone().into()])?;
             }
-            let args = [
-                endpoints.into(),
-                limits.into(),
-                leases.into(),
-                caps.into(),
-                (budget.requests as i64).into(),
-                (budget.bytes as i64).into(),
-            ];
+            let args = [endpoints.into(), limits.into(), leases.into(), caps.into(), (plan.bytes as i64).into()];
             let mut claimed = Vec::new();
             let mut dead = Vec::new();
-            let mut left_out = false;
+            let mut left_out = plan.cut_short;
             for row in client.update(&queries.claim_batch, None, &args)? {
                 let Some(endpoint) = row.get::<String>(1)? else {
                     left_out = true;
