@@ -2,7 +2,8 @@
 # The benchmark: one run, one table, written to bench/RESULTS.md. See bench/README.md.
 # Everything runs on 127.0.0.1: a throwaway cluster with outbox_ext preloaded (2 workers),
 # nginx answering 204 as the receiver, pgbench and wrk as the load. Then, unless
-# BENCH_COMPARE_0_1_0=0, the same drain with 0.1.0's library, and this version's put back.
+# BENCH_COMPARE_0_1_0=0, the same drain with 0.1.0's library and with this version's, each in a
+# new cluster, alternating, and this version's library put back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -192,32 +193,79 @@ pg_version=$(q "SHOW server_version" | cut -d' ' -f1)
 ext_version=$(q "SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'")
 stop_cluster # its library is about to be replaced
 
-old_drain_rate=
+# 0.1.0 against this version: the same drain, each in a new cluster, alternating, three rounds;
+# the medians are compared. (A drain at the end of a long run, in a cluster that has seen it
+# all, against one in a new cluster, measured the clusters as much as the versions.) The two
+# libraries are installed once each and then swapped by copying their files.
+old_drain_rate= new_drain_rate= old_rates= new_rates= old_sql_rates= new_sql_rates=
 if [ "$COMPARE_0_1_0" = 1 ]; then
-  echo "== 0.1.0 drain: the same drain with the library of commit $OLD_COMMIT, in a new cluster"
+  echo "== 0.1.0 against this version: the same drain in a new cluster each, alternating, 3 rounds"
+  as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+  libdir=$("$PG_BIN/pg_config" --pkglibdir) extdir="$("$PG_BIN/pg_config" --sharedir)/extension"
+  save_library() { mkdir -p "$DIR/lib-$1"; cp "$libdir/outbox_ext.so" "$extdir"/outbox_ext.control "$extdir"/outbox_ext--*.sql "$DIR/lib-$1/"; }
+  use_library() {
+    as_root rm -f "$extdir"/outbox_ext.control "$extdir"/outbox_ext--*.sql
+    as_root install -m 644 "$DIR/lib-$1"/outbox_ext.control "$DIR/lib-$1"/outbox_ext--*.sql "$extdir/"
+    as_root install -m 755 "$DIR/lib-$1/outbox_ext.so" "$libdir/"
+  }
+  save_library current
   git worktree add --quiet --detach "$OLD_TREE" "$OLD_COMMIT"
   library_replaced=1
   # Built and installed by 0.1.0's own script.
   (cd "$OLD_TREE"; export CARGO_TARGET_DIR=$OLD_TARGET; . scripts/cluster.sh; install_extension)
-  start_cluster "$DIR/pg-0.1.0" "$PORT" "${CLUSTER_SETTINGS[@]}"
-  psql_cluster -q -c "CREATE EXTENSION outbox_ext"
-  [ "$(q "SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'")" = 0.1.0 ] ||
-    { echo "bench: the cluster did not get outbox_ext 0.1.0" >&2; exit 1; }
-  enqueue_drain_events
-  drain outbox "$URL"
-  old_drain_rate=$(rate "$DRAIN_EVENTS" "$drain_seconds")
-  echo "0.1.0 drain: $old_drain_rate events/s ($(printf '%.2f' "$drain_seconds") s); this version's: $(percent "$drain_rate" "$old_drain_rate") of it"
-  stop_cluster
+  save_library 0.1.0
+  # 0.1.0's claim and mark-sent statements (one table: outbox), as its workers ran them on the
+  # default batch and lease, in one transaction per batch like claim_mark.sql.
+  old_sql() { git show "$OLD_COMMIT:sql/$1" | grep -v '^ *--' | tr '\n' ' '; }
+  printf 'DO $$DECLARE batch_ids bigint[]; BEGIN WITH claimed AS (%s) SELECT array_agg(claimed.id) INTO batch_ids FROM claimed; %s; END$$;\n' \
+    "$(old_sql claim_batch.sql | sed -e 's/\$1/100/g' -e 's/\$2/30000/g')" "$(old_sql mark_sent.sql | sed -e 's/\$1/batch_ids/g')" > "$DIR/claim_mark-0.1.0.sql"
+  # fresh_drain LIBRARY VERSION TABLE EVENT_ROWS CLAIM_MARK: in a new cluster, the drain
+  # (fresh_rate), then the SQL-only ceiling of claim and mark-sent (fresh_sql_rate).
+  fresh_drain() {
+    use_library "$1"
+    start_cluster "$DIR/pg-$1" "$PORT" "${CLUSTER_SETTINGS[@]}"
+    psql_cluster -q -c "CREATE EXTENSION outbox_ext"
+    [ "$(q "SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'")" = "$2" ] ||
+      { echo "bench: the cluster did not get outbox_ext $2" >&2; exit 1; }
+    enqueue_drain_events
+    drain "$3" "$URL"
+    fresh_rate=$(rate "$DRAIN_EVENTS" "$drain_seconds")
+    set_url ""
+    q "TRUNCATE $3, outbox" >/dev/null
+    q "$4" >/dev/null
+    q "VACUUM ANALYZE $3, outbox" >/dev/null
+    t0=$(now); PGOPTIONS='-c jit=off' pgbench_tps -c2 -j2 -t1500 -f "$DIR/$5" >/dev/null; t1=$(now)
+    fresh_sql_rate=$(rate "$(q "SELECT count(sent_at) FROM $3")" "$(elapsed "$t0" "$t1")")
+    stop_cluster
+  }
+  rows_now="WITH event AS (INSERT INTO outbox (topic, payload) SELECT 'bench', '{\"n\": 1}' FROM generate_series(1, 300000) RETURNING id)
+            INSERT INTO outbox_deliveries (event_id, endpoint) SELECT id, 'default' FROM event"
+  rows_0_1_0="INSERT INTO outbox (topic, payload) SELECT 'bench', '{\"n\": 1}' FROM generate_series(1, 300000)"
+  for round in 1 2 3; do
+    fresh_drain current "$ext_version" outbox_deliveries "$rows_now" claim_mark.sql
+    new_rates+=" $fresh_rate" new_sql_rates+=" $fresh_sql_rate"
+    fresh_drain 0.1.0 0.1.0 outbox "$rows_0_1_0" claim_mark-0.1.0.sql
+    old_rates+=" $fresh_rate" old_sql_rates+=" $fresh_sql_rate"
+    echo "round $round: drain: this version $(echo "$new_rates" | awk '{ print $NF }'), 0.1.0 $fresh_rate events/s;" \
+         "SQL-only: this version $(echo "$new_sql_rates" | awk '{ print $NF }'), 0.1.0 $fresh_sql_rate deliveries/s"
+  done
+  median3() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
+  # shellcheck disable=SC2086 # one word per rate
+  new_drain_rate=$(median3 $new_rates) old_drain_rate=$(median3 $old_rates)
+  # shellcheck disable=SC2086 # one word per rate
+  new_sql_rate=$(median3 $new_sql_rates) old_sql_rate=$(median3 $old_sql_rates)
+  echo "medians: drain: this version $new_drain_rate, 0.1.0 $old_drain_rate events/s ($(percent "$new_drain_rate" "$old_drain_rate"));" \
+       "SQL-only: this version $new_sql_rate, 0.1.0 $old_sql_rate deliveries/s ($(percent "$new_sql_rate" "$old_sql_rate"))"
   echo "== putting this version's library back"
-  install_extension
+  use_library current
   library_replaced=0
 fi
 
 drain_ratios="$(percent "$drain_rate" "$sql_drain") of SQL-only"
-old_drain_result="not measured (BENCH_COMPARE_0_1_0=0)"
+old_drain_result="not measured (BENCH_COMPARE_0_1_0=0)" old_sql_result=$old_drain_result
 if [ -n "$old_drain_rate" ]; then
-  drain_ratios="$(percent "$drain_rate" "$old_drain_rate") of 0.1.0, $drain_ratios"
-  old_drain_result="$old_drain_rate events/s"
+  old_drain_result="$new_drain_rate / $old_drain_rate events/s: $(percent "$new_drain_rate" "$old_drain_rate") of 0.1.0 (this version:$new_rates; 0.1.0:$old_rates)"
+  old_sql_result="$new_sql_rate / $old_sql_rate deliveries/s: $(percent "$new_sql_rate" "$old_sql_rate") of 0.1.0 (this version:$new_sql_rates; 0.1.0:$old_sql_rates)"
 fi
 cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 mem=$(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
@@ -238,8 +286,9 @@ outbox_ext $ext_version with 2 workers, default settings
 | \`outbox_enqueue\`, three endpoints, workers idle (same), on / off | $enqueue3_on / $enqueue3_off events/s ($enqueue3_ratios of plain INSERT) | — |
 | the event's row and one delivery row in one plain statement (same): the least a delivery row per endpoint costs | $two_rows_on / $two_rows_off events/s ($two_rows_ratios of plain INSERT) | — |
 | SQL-only claim + mark sent, one endpoint (pgbench, 2 clients, batch 100) | $sql_drain deliveries/s | — |
-| drain: $DRAIN_EVENTS events enqueued, then delivered to one endpoint | $drain_rate events/s ($drain_ratios) | ≥ 20,000; ≥ 90% of 0.1.0; ≥ 45% of SQL-only |
-| 0.1.0 drain, same run (library of commit $OLD_COMMIT) | $old_drain_result | — |
+| drain: $DRAIN_EVENTS events enqueued, then delivered to one endpoint | $drain_rate events/s ($drain_ratios) | ≥ 20,000; ≥ 45% of SQL-only |
+| the same drain, this version / 0.1.0 (library of commit $OLD_COMMIT), each in a new cluster, alternating; medians of 3 | $old_drain_result | ≥ 90% of 0.1.0 |
+| the SQL-only claim + mark sent after each of those drains, this version / 0.1.0 (their own statements): what each schema's statements reach | $old_sql_result | — |
 | drain: $DRAIN_EVENTS events enqueued, then delivered to three endpoints | $fanout_rate deliveries/s | ≥ 15,000 |
 | keep-up: enqueue rate, 8 producers, ${DURATION} s | $enqueue_tps/s ($ratio of plain INSERT) | ≥ 90% |
 | keep-up: delivery rate | $delivery_rate/s | keeps pace |

@@ -144,3 +144,95 @@ fn updating_from_0_1_0_keeps_every_row_delivers_the_pending_and_ends_as_a_fresh_
     db.execute("DROP EXTENSION outbox_ext CASCADE; CREATE EXTENSION outbox_ext SCHEMA public");
     db.execute("DROP OWNED BY legacy_producer; DROP ROLE legacy_producer");
 }
+
+/// The released versions whose update to this one the chain test starts from: every install
+/// script listed in sql/released.sha256 from 0.2.0 on (0.1.0 has its own test above: its rows
+/// change shape in the update).
+fn released_since_0_2_0() -> Vec<&'static str> {
+    include_str!("../sql/released.sha256")
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(1)?.strip_prefix("sql/outbox_ext--")?.strip_suffix(".sql"))
+        .filter(|version| !version.contains("--") && *version != "0.1.0")
+        .collect()
+}
+
+/// What a 0.2.0 user has: a webhook endpoint with headers and a secret (disabled, so the
+/// workers leave its deliveries as they are), an ordered pull endpoint granted to a consumer,
+/// with a job acknowledged, one dead, one in flight under an hour's lease and the rest
+/// waiting behind their keys, and processed_events.
+const ROWS_OF_A_0_2_0_USER: &str = "
+    SELECT outbox_endpoint_drop('default');
+    SELECT outbox_endpoint_set('hooks', 'http://127.0.0.1:9/hooks', '{order.*}', headers => '{\"X-Team\": \"billing\"}');
+    SELECT outbox_endpoint_rotate_secret('hooks');
+    SELECT outbox_endpoint_disable('hooks');
+    SELECT outbox_endpoint_set('jobs', NULL, '{job.*}', kind => 'pull', ordered => true, max_attempts => 1);
+    SELECT outbox_endpoint_grant('jobs', 'chain_consumer');
+    SELECT outbox_enqueue('order.placed', jsonb_build_object('n', n)) FROM generate_series(1, 3) AS n;
+    SELECT outbox_enqueue('job.run', jsonb_build_object('n', n), 'k' || (n % 3)) FROM generate_series(1, 6) AS n;
+    SELECT outbox_ack('jobs', event_id, attempt) FROM outbox_claim('jobs', 1);
+    SELECT outbox_nack('jobs', event_id, attempt, 'failed on purpose') FROM outbox_claim('jobs', 1);
+    SELECT count(*) FROM outbox_claim('jobs', 1, '1 hour');
+    SELECT outbox_mark_processed(min(id), 'billing') FROM outbox;";
+
+/// Each table of the extension with its rows as a JSON array.
+fn rows_by_table(db: &mut super::cluster::Db) -> Vec<(String, i64, String)> {
+    let tables = db.column::<String>(
+        "SELECT c.oid::regclass::text
+           FROM pg_depend AS d
+           JOIN pg_extension AS e ON e.oid = d.refobjid AND e.extname = 'outbox_ext'
+           JOIN pg_class AS c ON d.classid = 'pg_class'::regclass AND c.oid = d.objid AND c.relkind = 'r'
+          WHERE d.deptype = 'e'
+          ORDER BY 1",
+    );
+    tables
+        .into_iter()
+        .map(|table| {
+            let row = db
+                .client
+                .query_one(&format!("SELECT count(*), coalesce(jsonb_agg(to_jsonb(t)), '[]')::text FROM {table} AS t"), &[])
+                .unwrap();
+            (table, row.get(0), row.get(1))
+        })
+        .collect()
+}
+
+/// From every version released since 0.2.0, with a user's rows in every table: the update
+/// keeps each row (a later version may add columns, never drop what a row had) and ends with
+/// exactly the objects of a fresh install.
+#[test]
+fn updating_from_every_release_since_0_2_0_keeps_every_row_and_ends_as_a_fresh_install() {
+    let versions = released_since_0_2_0();
+    assert!(versions.contains(&"0.2.0"), "sql/released.sha256 lists 0.2.0's install script: {versions:?}");
+    let mut db = db();
+    db.fresh_role("chain_consumer");
+    db.execute("DROP DATABASE IF EXISTS outbox_fresh");
+    db.execute("CREATE DATABASE outbox_fresh");
+    let mut fresh = db.connect("outbox_fresh", "postgres");
+    fresh.batch_execute("CREATE EXTENSION outbox_ext").unwrap();
+    let installed = describe(&mut fresh);
+    drop(fresh);
+    db.execute("DROP DATABASE outbox_fresh");
+    for version in versions {
+        db.execute(&format!("DROP EXTENSION outbox_ext CASCADE; CREATE EXTENSION outbox_ext VERSION '{version}' SCHEMA public"));
+        db.execute(ROWS_OF_A_0_2_0_USER);
+        let before = rows_by_table(&mut db);
+        assert!(before.iter().filter(|(_, rows, _)| *rows > 0).count() >= 8, "a user's rows fill the tables: {before:#?}");
+
+        db.execute("ALTER EXTENSION outbox_ext UPDATE");
+        assert_eq!(db.value::<String>("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'"), LIBRARY_VERSION);
+        for (table, rows, json) in &before {
+            let kept: bool = db
+                .client
+                .query_one(
+                    &format!("SELECT count(*) = $1 AND coalesce(jsonb_agg(to_jsonb(t)), '[]') @> $2::text::jsonb FROM {table} AS t"),
+                    &[rows as &(dyn postgres::types::ToSql + Sync), json],
+                )
+                .unwrap()
+                .get(0);
+            assert!(kept, "updating from {version} keeps the {rows} rows of {table}: {json}");
+        }
+        assert_eq!(describe(&mut db.client), installed, "{version} updated has exactly the objects of a fresh install");
+    }
+    db.execute("DROP EXTENSION outbox_ext CASCADE; CREATE EXTENSION outbox_ext SCHEMA public");
+    db.execute("DROP OWNED BY chain_consumer; DROP ROLE chain_consumer");
+}
