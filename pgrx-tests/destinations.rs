@@ -2,7 +2,7 @@
 //! address a URL's host parses or resolves to, whatever the URL's spelling; a refused
 //! destination gets one `last_error`, whatever listens there, and no connection. Only loopback
 //! addresses are used: 127.0.0.1 allowed, 127.0.0.2 not (the resolver's filter of link-local
-//! and other addresses is unit-tested in src/delivery/destinations.rs).
+//! and other addresses is unit-tested in core/src/delivery/destinations.rs).
 
 use std::net::TcpListener;
 use std::time::Duration;

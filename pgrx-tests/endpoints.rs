@@ -202,6 +202,29 @@ fn during_a_rotation_both_secrets_sign_and_standardwebhooks_verifies_either() {
     assert!(!db.value::<bool>("SELECT has_table_privilege('public', 'outbox_endpoint_secrets', 'SELECT')"));
 }
 
+/// Workers that read the endpoints while a rotation is open (uncommitted) read them again
+/// once it commits: an attempt claimed after the commit is signed with the new secret. (The
+/// endpoints' version was a sequence, which moved before the commit: the workers took the new
+/// number with the old secrets and sent unsigned.)
+#[test]
+fn workers_that_read_the_endpoints_during_a_rotation_sign_with_the_new_secret_once_it_commits() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    endpoint(&mut db, "rotated", &receiver.url, "{rotated}", "");
+    let database: String = db.value("SELECT current_database()");
+    let mut rotation = db.connect(&database, "postgres");
+    rotation.batch_execute("BEGIN").unwrap();
+    let secret: String = rotation.query_one("SELECT outbox_endpoint_rotate_secret('rotated')", &[]).unwrap().get(0);
+    // A reload has both workers read the endpoints now, while the rotation is open.
+    db.configure(&[]);
+    rotation.batch_execute("COMMIT").unwrap();
+    let id = db.enqueue("rotated", "{}");
+    wait_until("the event arrives", Duration::from_secs(10), || receiver.deliveries_of(id).len() == 1);
+    let delivery = &receiver.deliveries_of(id)[0];
+    assert!(delivery.verified_by_standardwebhooks(&secret), "signed with the committed secret: {:?}", delivery.signature);
+    db.execute("SELECT outbox_endpoint_drop('rotated')");
+}
+
 #[test]
 fn an_endpoint_moved_to_another_origin_loses_its_secrets_and_one_moved_within_its_origin_keeps_them() {
     let mut db = db();

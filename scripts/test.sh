@@ -19,8 +19,11 @@ sha256sum --quiet -c sql/released.sha256 ||
 scripts/setup.sh
 
 # The code's habits: formatted as rustfmt.toml says, and no clippy warning.
-cargo fmt --check
-cargo clippy --all-targets -- -D warnings
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+# The relay's core (core/, no pgrx): its unit and property tests need no PostgreSQL.
+cargo test -p outbox_core
 
 . scripts/cluster.sh
 install_released_scripts

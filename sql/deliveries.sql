@@ -161,10 +161,6 @@ CREATE TABLE @extschema@.outbox_endpoint_consumers (
 
 COMMENT ON TABLE @extschema@.outbox_endpoint_consumers IS 'Roles that may claim, ack, nack and extend the deliveries of a pull endpoint; see outbox_endpoint_grant().';
 
--- Moved on by every change to an endpoint or its secrets: a worker reads the endpoints again
--- before its next claim when this differs from what it read them at.
-CREATE SEQUENCE @extschema@.outbox_endpoints_version;
-
 -- Setting only outbox.webhook_url delivers every event, as 0.1.0 did.
 INSERT INTO @extschema@.outbox_endpoints (name) VALUES ('default');
 

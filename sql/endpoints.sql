@@ -8,6 +8,17 @@
 CREATE OR REPLACE FUNCTION @extschema@.outbox_max_endpoints() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 1000';
 CREATE OR REPLACE FUNCTION @extschema@.outbox_max_headers() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 32';
 
+-- Tells the workers the endpoints changed: they read them again before their next claim. Run
+-- in the change's transaction, whose commit makes it visible with the change.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoints_changed()
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO @extschema@.outbox_endpoints_version AS v (one, version) VALUES (true, 1)
+    ON CONFLICT (one) DO UPDATE SET version = v.version + 1
+$$;
+
 -- The origin of an http(s) URL, as browsers compare them: scheme, host and port (the scheme's
 -- default when none is given), lowercased; null for null. For outbox_endpoint_set only.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_url_origin(url text)
@@ -199,7 +210,7 @@ BEGIN
     IF kind <> 'pull' THEN
         DELETE FROM @extschema@.outbox_endpoint_consumers AS c WHERE c.endpoint = outbox_endpoint_set.name;
     END IF;
-    PERFORM nextval('@extschema@.outbox_endpoints_version');
+    PERFORM @extschema@.outbox_endpoints_changed();
 END
 $$;
 
@@ -248,7 +259,7 @@ BEGIN
         RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(name)
               USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM nextval('@extschema@.outbox_endpoints_version');
+    PERFORM @extschema@.outbox_endpoints_changed();
     RETURN endpoint;
 END
 $$;
@@ -376,6 +387,7 @@ $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_lock(text, text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoints_changed() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_hold_deliveries(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_rotate_secret(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_disable(text, text) FROM PUBLIC;

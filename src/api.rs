@@ -7,9 +7,9 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use pgrx::PgSqlErrorCode::{self, ERRCODE_INVALID_PARAMETER_VALUE, ERRCODE_NULL_VALUE_NOT_ALLOWED};
 
 use crate::catalog::{Installation, LIBRARY_VERSION};
-use crate::delivery::OutcomeClass;
 use crate::settings::{DELIVER_AT_HORIZON_S, MAX_PAYLOAD_BYTES};
 use crate::worker::{registry, wake};
+use outbox_core::delivery::OutcomeClass;
 
 /// The longest topic `outbox_enqueue` accepts, in bytes.
 const MAX_TOPIC_BYTES: usize = 255;

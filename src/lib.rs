@@ -10,7 +10,6 @@ use pgrx::prelude::*;
 
 mod api;
 mod catalog;
-mod delivery;
 mod redact;
 mod settings;
 mod worker;
@@ -41,7 +40,8 @@ mod e2e;
 extension_sql_file!("../sql/schema.sql", bootstrap);
 extension_sql_file!("../sql/deliveries.sql", name = "deliveries");
 extension_sql_file!("../sql/ordering.sql", name = "ordering", requires = ["deliveries"]);
-extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["ordering"]);
+extension_sql_file!("../sql/endpoints_version.sql", name = "endpoints_version", requires = ["deliveries"]);
+extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["ordering", "endpoints_version"]);
 extension_sql_file!("../sql/pull.sql", name = "pull", requires = ["endpoints"]);
 extension_sql_file!("../sql/api.sql", finalize);
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
-use crate::delivery::Destinations;
+use outbox_core::delivery::Destinations;
 
 pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use pgrx::prelude::*;
 
 use super::queue::{Claim, ClaimPlan, EndpointRow};
-use super::shares::share_requests;
-use crate::delivery::{Attempt, Sender, Target};
 use crate::settings::Settings;
+use outbox_core::delivery::{Attempt, Sender, Target};
+use outbox_core::shares::share_requests;
 
 /// The endpoint whose null URL means the setting `outbox.webhook_url`.
 const DEFAULT_ENDPOINT: &str = "default";

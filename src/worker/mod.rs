@@ -5,7 +5,6 @@ mod endpoints;
 pub mod launcher;
 mod queue;
 pub mod registry;
-mod shares;
 mod transaction;
 pub mod utility_hook;
 pub mod wake;
@@ -27,8 +26,8 @@ use registry::Found;
 use transaction::TransactionError;
 
 use crate::catalog::LIBRARY_VERSION;
-use crate::delivery::{one_line, Attempt, Destinations, Outcome, Sender, MAX_ERROR_BYTES};
 use crate::settings::{self, Settings};
+use outbox_core::delivery::{one_line, Attempt, Destinations, Outcome, Sender, MAX_ERROR_BYTES};
 
 /// How long a stopping worker waits for requests in flight before abandoning them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);

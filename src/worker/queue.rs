@@ -10,7 +10,7 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 
 use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
-use crate::delivery::{retry_delay, Attempt, AttemptKey, Event};
+use outbox_core::delivery::{retry_delay, Attempt, AttemptKey, Event};
 
 /// A delivery that ran out of attempts, and the last failure it had.
 pub struct DeadDelivery {
@@ -61,8 +61,8 @@ pub struct EndpointRow {
 const CLAIM_BATCH: &str = include_str!("../../sql/claim_batch.sql");
 /// Ordered endpoints: keys without a head get one, so the claim can take it.
 const SEQUENCE: &str = "SELECT @extschema@.outbox_sequence(name) FROM unnest($1::text[]) AS name";
-/// Until its first nextval a sequence shows last_value 1 too: is_called tells them apart.
-const ENDPOINTS_VERSION: &str = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM @extschema@.outbox_endpoints_version";
+/// 0 until an endpoint first changes, and after a restore (which leaves the row out).
+const ENDPOINTS_VERSION: &str = "SELECT coalesce((SELECT version FROM @extschema@.outbox_endpoints_version), 0)";
 
 /// The worker's statements, with the extension's tables named by their schema. Those run for
 /// every batch are prepared once (planning the claim took longer than running it); the
@@ -238,7 +238,7 @@ pub fn load_endpoints(queries: &Queries, disable_after: Option<Duration>) -> Res
     })
 }
 
-/// The position of `outbox_endpoints_version`, which every change to an endpoint moves on.
+/// `outbox_endpoints_version`, which every change to an endpoint moves on as it commits.
 fn endpoints_version(client: &mut SpiClient<'_>, queries: &Queries) -> Result<i64, pgrx::spi::SpiError> {
     Ok(client.update(&queries.endpoints_version, None, &[])?.first().get_one::<i64>()?.unwrap_or(0))
 }

@@ -10,7 +10,7 @@ use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
 use pgrx::{pg_shmem_init, PgAtomic};
 
-use crate::delivery::OutcomeClass;
+use outbox_core::delivery::OutcomeClass;
 
 /// Relay workers running at once, over every database.
 pub const WORKER_SLOTS: usize = 128;

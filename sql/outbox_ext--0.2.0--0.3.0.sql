@@ -1,0 +1,465 @@
+-- outbox_ext 0.2.0 -> 0.3.0. Run by ALTER EXTENSION outbox_ext UPDATE; every row stays.
+--
+-- This is the source of sql/outbox_ext--0.2.0--0.3.0.sql, assembled as the 0.1.0 update is
+-- (scripts/cluster.sh: each "--@include FILE" line becomes sql/FILE). Each change 0.3.0 makes
+-- to the schema or a function comes here with it: the test
+-- upgrade::updating_from_every_release_since_0_2_0_keeps_every_row_and_ends_as_a_fresh_install
+-- fails while 0.2.0 updated differs from a fresh install.
+
+\echo Use "ALTER EXTENSION outbox_ext UPDATE" to load this file. \quit
+
+-- The endpoints' version was a sequence, which moves before the change commits: a worker
+-- could read the new number with the old endpoints and sign with a secret already rotated
+-- away. It becomes a row, moved on in the change's transaction.
+DROP SEQUENCE @extschema@.outbox_endpoints_version;
+-- Moved on by every change to an endpoint or its secrets, in the change's own transaction
+-- (outbox_endpoints_changed): a worker reads the endpoints again before its next claim when
+-- this differs from what it read them at. A row, not a sequence: a sequence moves before the
+-- change commits, so a worker could read the new number with the old endpoints, and then
+-- sign with a secret already rotated away. One row at most; none (after a restore, which
+-- leaves it out) reads as 0.
+CREATE TABLE @extschema@.outbox_endpoints_version (
+    one     boolean PRIMARY KEY DEFAULT true CHECK (one),
+    version bigint  NOT NULL
+);
+
+COMMENT ON TABLE @extschema@.outbox_endpoints_version IS 'Moved on by every change to an endpoint, as it commits: the relay reads the endpoints again when it differs.';
+-- Managing endpoints. Like the rest of the API, each function runs as the extension's owner
+-- with search_path pinned to pg_catalog (see sql/api.sql), and raises SQLSTATE 22023
+-- (invalid_parameter_value) for bad input, naming what is wrong but never repeating a URL or
+-- a secret, which may carry credentials.
+
+-- At most this many endpoints, and this many static headers each: every enqueue matches its
+-- topic against every endpoint, and every request carries the headers.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_max_endpoints() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 1000';
+CREATE OR REPLACE FUNCTION @extschema@.outbox_max_headers() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 32';
+
+-- Tells the workers the endpoints changed: they read them again before their next claim. Run
+-- in the change's transaction, whose commit makes it visible with the change.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoints_changed()
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO @extschema@.outbox_endpoints_version AS v (one, version) VALUES (true, 1)
+    ON CONFLICT (one) DO UPDATE SET version = v.version + 1
+$$;
+
+-- The origin of an http(s) URL, as browsers compare them: scheme, host and port (the scheme's
+-- default when none is given), lowercased; null for null. For outbox_endpoint_set only.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_url_origin(url text)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT lower(m[1]) || '://' || lower(m[2]) || ':'
+           || coalesce(nullif(m[3], '')::integer, CASE lower(m[1]) WHEN 'https' THEN 443 ELSE 80 END)
+      FROM regexp_match(url, '^([A-Za-z]+)://(?:[^/?#]*@)?(\[[^]]*\]|[^/?#:@]+)(?::([0-9]*))?') AS m
+$$;
+
+-- Creates or replaces an endpoint; its deliveries and health stay, and so do its secrets unless
+-- its URL moves to another origin (scheme, host or port): whoever may change the URL must not
+-- receive requests signed for the old receiver, which could be replayed to it. New topics
+-- apply to events enqueued afterwards (outbox_replay sends older ones); so does ordered = true.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_set(
+    name text,
+    url text,
+    topics text[] DEFAULT '{*}',
+    kind text DEFAULT 'webhook',
+    headers jsonb DEFAULT '{}',
+    timeout interval DEFAULT NULL,
+    max_attempts integer DEFAULT NULL,
+    max_in_flight integer DEFAULT NULL,
+    ordered boolean DEFAULT false,
+    notify boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
+AS $$
+DECLARE
+    pattern text;
+    header record;
+    previous @extschema@.outbox_endpoints;
+    was_ordered boolean;
+    held boolean := false;
+BEGIN
+    IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: an endpoint name is 1 to 63 letters, digits, "_", "." or "-", starting with a letter or digit'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind IS NULL OR kind NOT IN ('webhook', 'pull') THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: kind must be ''webhook'' or ''pull'', not %', quote_nullable(kind)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'pull' AND url IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: a pull endpoint has no url (its consumers claim with outbox_claim)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'webhook' AND url IS NULL AND name <> 'default' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: a webhook endpoint needs a url'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- scheme, [userinfo@] (up to the last @), host name or [IPv6 address], [:port], [path, query,
+    -- fragment]; an empty port is the scheme's.
+    -- No backslash: URL parsers read it as a slash in http(s) URLs (so the host would end
+    -- before it), and outbox_url_origin would not.
+    IF url IS NOT NULL AND (octet_length(url) > 2048 OR strpos(url, E'\\') > 0
+        OR url !~ '^https?://([^/?#[:space:][:cntrl:]]*@)?(\[[0-9A-Fa-f:.]+\]|[^][/?#:@[:space:][:cntrl:]]+)(:[0-9]{0,5})?([/?#][^[:space:][:cntrl:]]*)?$'
+        OR substring(url FROM '^https?://(?:[^/?#]*@)?(?:\[[^]]*\]|[^/?#:@]+):([0-9]{1,5})(?:[/?#]|$)')::integer NOT BETWEEN 1 AND 65535) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: url must be an http:// or https:// URL of at most 2048 bytes, with a host, a port (if any) from 1 to 65535, and without spaces or backslashes'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF topics IS NULL OR cardinality(topics) = 0 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: topics must list at least one pattern (''*'' for every event)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOREACH pattern IN ARRAY topics LOOP
+        IF pattern IS NULL OR octet_length(pattern) > 255 OR pattern !~ '^(\*|[^.*]+(\.[^.*]+)*(\.\*)?)$' THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: % is not a topic pattern', quote_nullable(pattern)
+                  USING ERRCODE = 'invalid_parameter_value',
+                        HINT = 'Use a topic (order.placed), a prefix up to a dot (order.*), or * for every topic.';
+        END IF;
+    END LOOP;
+    IF headers IS NULL OR jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: headers must be a JSON object of strings, like {"authorization": "Bearer ..."}'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT count(*) > @extschema@.outbox_max_headers() FROM jsonb_object_keys(headers)) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: at most % headers', @extschema@.outbox_max_headers()
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT count(DISTINCT lower(h.key)) <> count(*) FROM jsonb_object_keys(headers) AS h (key)) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: a header is named twice (header names are compared without case)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR header IN SELECT h.key, h.value FROM jsonb_each(headers) AS h LOOP
+        IF header.key !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,64}$' THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: % is not an HTTP header name', quote_literal(left(header.key, 64))
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF lower(header.key) LIKE 'webhook-%'
+           OR lower(header.key) IN ('content-type', 'content-length', 'transfer-encoding', 'host', 'connection', 'user-agent') THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: header % is set by the relay and cannot be overridden', quote_literal(header.key)
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(header.value) <> 'string' OR octet_length(header.value #>> '{}') > 4096
+           OR (header.value #>> '{}') ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
+            RAISE EXCEPTION 'outbox_endpoint_set: the value of header % must be a string of at most 4096 bytes, without line breaks or control characters', quote_literal(header.key)
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    -- The bounds of outbox.http_timeout.
+    IF timeout < interval '10 milliseconds' OR timeout > interval '1 hour' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: timeout must be from 10 milliseconds to 1 hour'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: max_attempts must be between 1 and 1000'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_in_flight NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: max_in_flight must be between 1 and 1000'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- default is re-created as a webhook by a restore (it is left out of dumps).
+    IF kind = 'pull' AND name = 'default' THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: default is the webhook endpoint of outbox.webhook_url; give a pull endpoint a name of its own'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'pull' AND (headers <> '{}' OR timeout IS NOT NULL OR max_in_flight IS NOT NULL) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: headers, timeout and max_in_flight are for webhook requests; a pull endpoint''s consumers choose their lease and batch in outbox_claim'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF notify IS NULL OR (notify AND kind <> 'pull') THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: notify is true or false, and only a pull endpoint notifies (the relay workers are woken anyway)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Its channel, "outbox.<name>", must fit in a NOTIFY channel name (63 bytes).
+    IF notify AND octet_length(name) > 56 THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: the name of an endpoint that notifies is at most 56 bytes (its channel is "outbox.<name>")'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF ordered IS NULL THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: ordered is true or false'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Turning ordered off, as outbox_endpoint_drop does: wait for the enqueues in progress
+    -- (they may be writing deliveries that wait for their key) and hold new ones until this
+    -- commits. The table before the endpoint's row, as every writer of both takes them: an
+    -- enqueue in a REPEATABLE READ transaction locks the rows of the endpoints it routed to.
+    SELECT e.ordered INTO was_ordered FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_set.name;
+    IF was_ordered AND NOT ordered THEN
+        PERFORM @extschema@.outbox_hold_deliveries('outbox_endpoint_set');
+        held := true;
+    END IF;
+    -- The row of an endpoint that exists, locked for the change (within the lock_timeout).
+    previous := @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_set', must_exist => false);
+    was_ordered := previous.ordered;
+    IF previous.name IS NULL AND (SELECT count(*) >= @extschema@.outbox_max_endpoints() FROM @extschema@.outbox_endpoints) THEN
+        RAISE EXCEPTION 'outbox_endpoint_set: there are already % endpoints, the most there may be', @extschema@.outbox_max_endpoints()
+              USING ERRCODE = 'program_limit_exceeded',
+                    HINT = 'Drop endpoints no longer used, or route several topics to one endpoint.';
+    END IF;
+    IF was_ordered AND NOT ordered AND NOT held THEN
+        -- Made ordered by someone else meanwhile: taking the table now would reverse the order
+        -- above (and could deadlock with outbox_replay, which takes them in that order).
+        RAISE EXCEPTION 'outbox_endpoint_set: endpoint % was made ordered while this ran; try again', quote_literal(name)
+              USING ERRCODE = 'serialization_failure';
+    END IF;
+    INSERT INTO @extschema@.outbox_endpoints AS e
+           (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered, notify)
+    VALUES (name, kind, url, topics, headers, timeout, max_attempts, max_in_flight, ordered, notify)
+    ON CONFLICT ON CONSTRAINT outbox_endpoints_pkey DO UPDATE
+       SET kind = excluded.kind, url = excluded.url, topics = excluded.topics,
+           headers = excluded.headers, timeout = excluded.timeout,
+           max_attempts = excluded.max_attempts, max_in_flight = excluded.max_in_flight,
+           ordered = excluded.ordered, notify = excluded.notify;
+    IF ordered THEN
+        INSERT INTO @extschema@.outbox_key_sequencers (endpoint) VALUES (outbox_endpoint_set.name)
+        ON CONFLICT DO NOTHING;
+    ELSIF was_ordered THEN
+        -- No longer ordered: whatever waited for its key is due now.
+        PERFORM @extschema@.outbox_unorder(outbox_endpoint_set.name);
+    END IF;
+    IF previous.name IS NOT NULL
+       AND @extschema@.outbox_url_origin(previous.url) IS DISTINCT FROM @extschema@.outbox_url_origin(url) THEN
+        DELETE FROM @extschema@.outbox_endpoint_secrets AS s WHERE s.endpoint = outbox_endpoint_set.name;
+        IF FOUND THEN
+            RAISE NOTICE 'outbox_endpoint_set: endpoint % moved to another origin, so its signing secrets were discarded', quote_literal(name)
+                  USING HINT = 'Sign again with outbox_endpoint_rotate_secret(name), and give the new receiver the secret it returns.';
+        END IF;
+    END IF;
+    IF kind <> 'pull' THEN
+        DELETE FROM @extschema@.outbox_endpoint_consumers AS c WHERE c.endpoint = outbox_endpoint_set.name;
+    END IF;
+    PERFORM @extschema@.outbox_endpoints_changed();
+END
+$$;
+
+-- Waits for the transactions writing deliveries (enqueues, claims, acks) to end and holds new
+-- ones until the caller commits. Its callers (outbox_endpoint_drop and _set) wait 2 s at most
+-- for any lock (lock_timeout): while this waits, and while they wait holding it, every new
+-- writer queues behind them, so a producer's transaction left open must not stall the whole
+-- outbox. Nothing is changed then, and the caller is told to try again.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_hold_deliveries(caller text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    LOCK TABLE @extschema@.outbox_deliveries IN SHARE ROW EXCLUSIVE MODE;
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION '%: waited 2 s for the transactions writing deliveries to end; nothing was changed', caller
+          USING ERRCODE = 'lock_not_available',
+                HINT = 'Try again. A transaction that enqueued and was left open holds it up: see pg_stat_activity (state ''idle in transaction'').';
+END
+$$;
+
+-- The endpoint's row, locked for a change, and the workers told to read the endpoints again
+-- before their next claim; a class-22 error when there is none (a row of nulls if must_exist
+-- is false). FOR UPDATE: an enqueue whose REPEATABLE READ snapshot predates the change then
+-- fails (sql/hold_routed_endpoints.sql).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_lock(name text, caller text, must_exist boolean DEFAULT true)
+RETURNS @extschema@.outbox_endpoints
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    endpoint @extschema@.outbox_endpoints;
+BEGIN
+    BEGIN
+        SELECT * INTO endpoint FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_lock.name FOR UPDATE;
+    EXCEPTION WHEN lock_not_available THEN
+        -- Under the lock_timeout of outbox_endpoint_drop or _set (or the caller's own).
+        RAISE EXCEPTION '%: waited % for a transaction changing endpoint % to end; nothing was changed',
+                        caller, current_setting('lock_timeout'), quote_literal(name)
+              USING ERRCODE = 'lock_not_available',
+                    HINT = 'Try again. See pg_stat_activity for a transaction left open (state ''idle in transaction'').';
+    END;
+    IF NOT FOUND AND must_exist THEN
+        RAISE EXCEPTION '%: endpoint % does not exist', caller, quote_nullable(name)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@.outbox_endpoints_changed();
+    RETURN endpoint;
+END
+$$;
+
+-- Sets a new signing secret (generated when null) and returns it. The previous secret keeps
+-- signing too, as a second v1 signature, until grace has passed; any older one is deleted.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_rotate_secret(name text, secret text DEFAULT NULL, grace interval DEFAULT '24 hours')
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    endpoint @extschema@.outbox_endpoints := @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_rotate_secret');
+    key bytea;
+BEGIN
+    IF endpoint.kind <> 'webhook' THEN
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: endpoint % is a % endpoint; only webhooks are signed', quote_literal(name), endpoint.kind
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF grace IS NULL OR grace < interval '0' THEN
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: grace must be zero or positive, not %', quote_nullable(grace)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF secret IS NULL THEN
+        -- 32 bytes from PostgreSQL's strong random source (gen_random_uuid), through SHA-256.
+        secret := 'whsec_' || encode(sha256(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid())), 'base64');
+    END IF;
+    IF secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
+        key := decode(substr(secret, 7), 'base64');
+    END IF;
+    -- Canonical base64 only (it encodes back to the same text), as the workers decode it.
+    IF key IS NULL OR replace(encode(key, 'base64'), E'\n', '') <> substr(secret, 7)
+       OR octet_length(key) NOT BETWEEN 24 AND 64 THEN
+        RAISE EXCEPTION 'outbox_endpoint_rotate_secret: a secret is "whsec_" followed by the base64 of 24 to 64 bytes'
+              USING ERRCODE = 'invalid_parameter_value',
+                    HINT = 'Pass null to have one generated.';
+    END IF;
+
+    DELETE FROM @extschema@.outbox_endpoint_secrets AS s
+     WHERE s.endpoint = endpoint.name AND s.expires_at IS NOT NULL;
+    UPDATE @extschema@.outbox_endpoint_secrets AS s
+       SET expires_at = now() + grace
+     WHERE s.endpoint = endpoint.name;
+    INSERT INTO @extschema@.outbox_endpoint_secrets (endpoint, generation, secret)
+    SELECT endpoint.name, coalesce(max(s.generation), 0) + 1, secret
+      FROM @extschema@.outbox_endpoint_secrets AS s
+     WHERE s.endpoint = endpoint.name;
+    RETURN secret;
+END
+$$;
+
+-- Stops deliveries to an endpoint: they wait, neither attempted nor dead.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_disable(name text, reason text DEFAULT 'disabled by an operator')
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_disable');
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET disabled_at = coalesce(e.disabled_at, now()), disabled_reason = coalesce(reason, 'disabled by an operator')
+     WHERE e.name = outbox_endpoint_disable.name;
+END
+$$;
+
+-- Resumes an endpoint: its health starts afresh and the deliveries that were backing off are
+-- due at once. Scheduled ones (deliver_at, never attempted) keep their time, and one a worker
+-- holds (claimed_by set until a failure is recorded) keeps its lease: it may be in flight.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_enable(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_enable');
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET disabled_at = NULL, disabled_reason = NULL, failing_since = NULL
+     WHERE e.name = outbox_endpoint_enable.name;
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET available_at = now()
+     WHERE d.endpoint = outbox_endpoint_enable.name
+       AND d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting
+       AND d.attempts > 0 AND d.claimed_by IS NULL AND d.available_at > now();
+END
+$$;
+
+-- Removes an endpoint with its secrets and deliveries. Events left with no delivery are kept
+-- as unrouted until retention.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_drop(name text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s'
+AS $$
+BEGIN
+    -- Waits for the enqueues in progress (which may be routing to this endpoint) and holds
+    -- new ones until this commits: no delivery is left behind for an endpoint that is gone.
+    -- Before the endpoint's row, as outbox_endpoint_set takes them.
+    PERFORM @extschema@.outbox_hold_deliveries('outbox_endpoint_drop');
+    PERFORM @extschema@.outbox_endpoint_lock(name, 'outbox_endpoint_drop');
+    WITH dropped AS (
+        DELETE FROM @extschema@.outbox_deliveries AS d
+         WHERE d.endpoint = outbox_endpoint_drop.name
+        RETURNING d.event_id
+    )
+    INSERT INTO @extschema@.outbox_unrouted (event_id, created_at)
+    SELECT dropped.event_id, o.created_at
+      FROM dropped
+      JOIN @extschema@.outbox AS o ON o.id = dropped.event_id
+     WHERE NOT EXISTS (SELECT FROM @extschema@.outbox_deliveries AS other
+                        WHERE other.event_id = dropped.event_id
+                          AND other.endpoint <> outbox_endpoint_drop.name)
+    ON CONFLICT DO NOTHING;
+    PERFORM @extschema@.outbox_unorder(outbox_endpoint_drop.name);
+    DELETE FROM @extschema@.outbox_endpoint_secrets AS s WHERE s.endpoint = outbox_endpoint_drop.name;
+    DELETE FROM @extschema@.outbox_endpoint_consumers AS c WHERE c.endpoint = outbox_endpoint_drop.name;
+    DELETE FROM @extschema@.outbox_endpoints AS e WHERE e.name = outbox_endpoint_drop.name;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_lock(text, text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoints_changed() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_hold_deliveries(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_rotate_secret(text, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_disable(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_enable(text) FROM PUBLIC;
+-- Lets a role, and every member of it, consume a pull endpoint: claim, ack, nack and extend
+-- its deliveries (sql/pull.sql). No role may until one is granted it, superusers aside.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_grant(endpoint text, role regrole)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF (@extschema@.outbox_endpoint_lock(endpoint, 'outbox_endpoint_grant')).kind <> 'pull' THEN
+        RAISE EXCEPTION 'outbox_endpoint_grant: endpoint % is a webhook endpoint; only pull endpoints are consumed by roles', quote_literal(endpoint)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'outbox_endpoint_grant: role must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    INSERT INTO @extschema@.outbox_endpoint_consumers (endpoint, role)
+    SELECT outbox_endpoint_grant.endpoint, r.rolname FROM pg_roles AS r WHERE r.oid = outbox_endpoint_grant.role
+    ON CONFLICT DO NOTHING;
+END
+$$;
+
+-- Takes a pull endpoint back from a role: its members' next claim, ack, nack or extend is
+-- refused (42501), unless another role they belong to was granted it. Claims it holds keep
+-- their leases and come back to the queue when those run out.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_revoke(endpoint text, role regrole)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_endpoint_lock(endpoint, 'outbox_endpoint_revoke');
+    DELETE FROM @extschema@.outbox_endpoint_consumers AS c
+     WHERE c.endpoint = outbox_endpoint_revoke.endpoint
+       AND c.role = (SELECT r.rolname FROM pg_roles AS r WHERE r.oid = outbox_endpoint_revoke.role);
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_drop(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_grant(text, regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_revoke(text, regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_url_origin(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_max_endpoints() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_max_headers() FROM PUBLIC;

@@ -1,0 +1,16 @@
+-- outbox_ext 0.2.0 -> 0.3.0. Run by ALTER EXTENSION outbox_ext UPDATE; every row stays.
+--
+-- This is the source of sql/outbox_ext--0.2.0--0.3.0.sql, assembled as the 0.1.0 update is
+-- (scripts/cluster.sh: each "--@include FILE" line becomes sql/FILE). Each change 0.3.0 makes
+-- to the schema or a function comes here with it: the test
+-- upgrade::updating_from_every_release_since_0_2_0_keeps_every_row_and_ends_as_a_fresh_install
+-- fails while 0.2.0 updated differs from a fresh install.
+
+\echo Use "ALTER EXTENSION outbox_ext UPDATE" to load this file. \quit
+
+-- The endpoints' version was a sequence, which moves before the change commits: a worker
+-- could read the new number with the old endpoints and sign with a secret already rotated
+-- away. It becomes a row, moved on in the change's transaction.
+DROP SEQUENCE @extschema@.outbox_endpoints_version;
+--@include endpoints_version.sql
+--@include endpoints.sql
