@@ -8,6 +8,7 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
 use outbox_core::delivery::Destinations;
+pub use outbox_core::settings::Settings;
 
 pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
@@ -261,46 +262,22 @@ pub fn relay() -> bool {
     RELAY.get()
 }
 
-/// What one pass of the worker loop needs, read on the main thread.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// The default endpoint's URL when its own is null.
-    pub webhook_url: String,
-    pub http_timeout: Duration,
-    pub batch_size: usize,
-    pub concurrency: usize,
-    pub lease: Duration,
-    pub max_attempts: i32,
-    pub poll_interval: Duration,
-    /// `None`: keep sent events forever.
-    pub retention: Option<Duration>,
-    /// `None`: never disable a failing endpoint.
-    pub endpoint_disable_after: Option<Duration>,
-    /// `None`: keep dead deliveries forever.
-    pub dead_retention: Option<Duration>,
-    /// `outbox.allowed_destinations` as written.
-    pub allowed_destinations: String,
-    pub max_requests_in_flight: usize,
-    pub max_bytes_in_flight: usize,
-}
-
-impl Settings {
-    pub fn read() -> Settings {
-        Settings {
-            webhook_url: string_value(&WEBHOOK_URL).trim().to_string(),
-            http_timeout: millis(HTTP_TIMEOUT_MS.get()),
-            batch_size: BATCH_SIZE.get() as usize,
-            concurrency: CONCURRENCY.get() as usize,
-            lease: millis(LEASE_MS.get()),
-            max_attempts: MAX_ATTEMPTS.get(),
-            poll_interval: millis(POLL_INTERVAL_MS.get()),
-            retention: seconds(RETENTION_S.get()),
-            endpoint_disable_after: seconds(ENDPOINT_DISABLE_AFTER_S.get()),
-            dead_retention: seconds(DEAD_RETENTION_S.get()),
-            allowed_destinations: string_value(&ALLOWED_DESTINATIONS),
-            max_requests_in_flight: MAX_REQUESTS_IN_FLIGHT.get() as usize,
-            max_bytes_in_flight: MAX_BYTES_IN_FLIGHT.get() as usize,
-        }
+/// The relay's settings as they are now in this backend.
+pub fn read() -> Settings {
+    Settings {
+        webhook_url: string_value(&WEBHOOK_URL).trim().to_string(),
+        http_timeout: millis(HTTP_TIMEOUT_MS.get()),
+        batch_size: BATCH_SIZE.get() as usize,
+        concurrency: CONCURRENCY.get() as usize,
+        lease: millis(LEASE_MS.get()),
+        max_attempts: MAX_ATTEMPTS.get(),
+        poll_interval: millis(POLL_INTERVAL_MS.get()),
+        retention: seconds(RETENTION_S.get()),
+        endpoint_disable_after: seconds(ENDPOINT_DISABLE_AFTER_S.get()),
+        dead_retention: seconds(DEAD_RETENTION_S.get()),
+        allowed_destinations: string_value(&ALLOWED_DESTINATIONS),
+        max_requests_in_flight: MAX_REQUESTS_IN_FLIGHT.get() as usize,
+        max_bytes_in_flight: MAX_BYTES_IN_FLIGHT.get() as usize,
     }
 }
 

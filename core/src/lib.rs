@@ -4,7 +4,14 @@
 //! - `delivery`: sending a claimed delivery to its endpoint and classifying what came back —
 //!   HTTP, signatures, outcomes, backoff, allowed destinations, the doorbell that wakes a
 //!   driver when a request ends.
-//! - `shares`: how a worker's requests budget is shared between the endpoints it claims for.
+//! - `endpoints`: the endpoints a relay sends to, as it last read them, and what its next
+//!   claim may take of each (the claim planner).
+//! - `shares`: how a relay's requests budget is shared between the endpoints it claims for.
+//! - `settings`: the relay's settings as plain data.
+//! - `timers`: when the relay loop's next claim and retention pass are due.
 
 pub mod delivery;
+pub mod endpoints;
+pub mod settings;
 pub mod shares;
+pub mod timers;

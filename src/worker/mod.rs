@@ -1,7 +1,6 @@
 //! The relay workers: background processes that claim due events, send them with no
 //! transaction open, and record each outcome as it arrives.
 
-mod endpoints;
 pub mod launcher;
 mod queue;
 pub mod registry;
@@ -17,7 +16,6 @@ use std::time::{Duration, Instant};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 
-use endpoints::Endpoints;
 #[cfg(test)]
 pub use queue::claim_batch_sql;
 use queue::DeadDelivery;
@@ -28,6 +26,8 @@ use transaction::TransactionError;
 use crate::catalog::LIBRARY_VERSION;
 use crate::settings::{self, Settings};
 use outbox_core::delivery::{one_line, Attempt, Destinations, Outcome, Sender, MAX_ERROR_BYTES};
+use outbox_core::endpoints::Endpoints;
+use outbox_core::timers::{Timers, ACK_RETRY};
 
 /// How long a stopping worker waits for requests in flight before abandoning them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -35,8 +35,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// has caught up. Only worker 1 runs it; the others only deliver.
 const RETENTION_BATCH: usize = 1_000;
 const RETENTION_PAUSE: Duration = Duration::from_secs(10);
-/// How soon acknowledgements that could not be recorded are tried again.
-const ACK_RETRY: Duration = Duration::from_millis(500);
 /// `outbox.allowed_destinations` as the sender takes it. Its check hook refuses a value that
 /// does not parse; should one get through all the same, nothing is allowed, rather than
 /// everything.
@@ -68,7 +66,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
         // SAFETY: no transaction is open.
         unsafe { pg_sys::proc_exit(0) };
     };
-    let settings = Settings::read();
+    let settings = settings::read();
     let sender = Sender::new(allowed_destinations(&settings, number)).unwrap_or_else(|e| error!("outbox_ext relay {number}: {e}"));
     let mut relay = Relay {
         number,
@@ -322,7 +320,7 @@ impl Relay {
     fn reload(&mut self) {
         // SAFETY: main thread, outside a transaction, as PostgreSQL's own SIGHUP handling does.
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-        self.settings = Settings::read();
+        self.settings = settings::read();
         self.sender.allow(allowed_destinations(&self.settings, self.number));
     }
 
@@ -398,7 +396,9 @@ impl Relay {
                         one_line(&reason, MAX_ERROR_BYTES)
                     );
                 }
-                self.endpoints.refresh(rows, version, &self.settings, self.number);
+                for (name, reason) in self.endpoints.refresh(rows, version, &self.settings) {
+                    log!("outbox_ext relay {}: not delivering to endpoint {name}: {reason}", self.number);
+                }
                 let (names, reasons) = self.endpoints.unusable();
                 if !names.is_empty() {
                     if let Err(e) = queue::note_unusable_endpoints(queries, names, reasons) {
@@ -539,68 +539,4 @@ fn warn_dead(delivery: &DeadDelivery) {
         delivery.attempts,
         one_line(&delivery.last_error, MAX_ERROR_BYTES)
     );
-}
-
-/// When the loop's next claim and retention pass are due.
-struct Timers {
-    /// A commit woke the worker, the last claim came back full, the worker can claim again
-    /// after it could not, or an acknowledgement made ordered deliveries claimable.
-    claim_due: bool,
-    /// The poll or a reload happened since the endpoints were last read: read them again even
-    /// if none of those read last could take a claim (one may have been fixed or added).
-    endpoints_stale: bool,
-    next_poll: Instant,
-    next_cleanup: Instant,
-}
-
-impl Timers {
-    fn new() -> Timers {
-        Timers { claim_due: true, endpoints_stale: true, next_poll: Instant::now(), next_cleanup: Instant::now() }
-    }
-
-    /// New settings may enable delivery, or shorten the retention or the poll interval (a
-    /// poll armed under a longer one would otherwise keep the worker asleep until then).
-    fn after_reload(&mut self, poll_interval: Duration) {
-        self.claim_due = true;
-        self.endpoints_stale = true;
-        self.next_cleanup = Instant::now();
-        self.next_poll = self.next_poll.min(Instant::now() + poll_interval);
-    }
-
-    fn after_claim(&mut self, full: bool, poll_interval: Duration) {
-        self.claim_due = full;
-        self.next_poll = Instant::now() + poll_interval;
-    }
-
-    fn cleanup_due(&self) -> bool {
-        Instant::now() >= self.next_cleanup
-    }
-
-    /// How long to wait: not at all while a claim is due and possible; else until the next
-    /// poll, retention pass or retry of unrecorded acknowledgements.
-    fn sleep(&self, can_claim: bool, acks_waiting: bool) -> Duration {
-        if self.claim_due && can_claim {
-            return Duration::ZERO;
-        }
-        let now = Instant::now();
-        let mut until = self.next_poll.min(self.next_cleanup);
-        if acks_waiting {
-            until = until.min(now + ACK_RETRY);
-        }
-        until.saturating_duration_since(now)
-    }
-
-    /// A commit's wakeup makes a claim due; so does the poll timer, which then re-arms itself.
-    fn after_wait(&mut self, latch: bool, poll_interval: Duration) {
-        let now = Instant::now();
-        if now >= self.next_poll {
-            self.claim_due = true;
-            self.endpoints_stale = true;
-            self.next_poll = now + poll_interval;
-        }
-        // Not endpoints_stale: a busy database commits thousands of times a second, and each
-        // commit wakes the workers that can claim; endpoint changes are picked up at the next
-        // poll.
-        self.claim_due |= latch;
-    }
 }

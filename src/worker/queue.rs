@@ -11,6 +11,7 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
 use outbox_core::delivery::{retry_delay, Attempt, AttemptKey, Event};
+use outbox_core::endpoints::{ClaimPlan, EndpointRow};
 
 /// A delivery that ran out of attempts, and the last failure it had.
 pub struct DeadDelivery {
@@ -18,44 +19,6 @@ pub struct DeadDelivery {
     pub event_id: i64,
     pub attempts: i32,
     pub last_error: String,
-}
-
-/// What one claim takes from one endpoint.
-pub struct Claim {
-    pub endpoint: Arc<str>,
-    /// At most this many deliveries.
-    pub limit: usize,
-    /// How long the claim holds them.
-    pub lease: Duration,
-    /// A delivery that already had this many attempts is made dead, not claimed.
-    pub max_attempts: i32,
-    /// Per-key FIFO: its keys get their heads (`outbox_sequence`) before the claim.
-    pub ordered: bool,
-}
-
-/// One claim over several endpoints, within the room left in the worker's budgets: the
-/// endpoints' limits add up to no more than `outbox.max_requests_in_flight` leaves, and the
-/// claim takes about `bytes` of payload (what `outbox.max_bytes_in_flight` leaves).
-pub struct ClaimPlan {
-    pub claims: Vec<Claim>,
-    pub bytes: usize,
-    /// The requests budget gave some endpoint less than it could take: due deliveries may be
-    /// left out.
-    pub cut_short: bool,
-}
-
-/// A webhook endpoint as its row says, before the worker makes a `Target` of it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EndpointRow {
-    pub name: String,
-    pub url: Option<String>,
-    pub headers: Vec<(String, String)>,
-    pub timeout: Option<Duration>,
-    pub max_attempts: Option<i32>,
-    pub max_in_flight: Option<i32>,
-    /// The live signing secrets, newest first.
-    pub secrets: Vec<String>,
-    pub ordered: bool,
 }
 
 const CLAIM_BATCH: &str = include_str!("../../sql/claim_batch.sql");

@@ -1,28 +1,64 @@
-//! The webhook endpoints a worker sends to, as it last read them: each row made into a
+//! The webhook endpoints a relay sends to, as it last read them: each row made into a
 //! `Target` once (again only when the row or a setting it depends on changes), and how many
 //! of each endpoint's deliveries the next claim may take.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use pgrx::prelude::*;
-
-use super::queue::{Claim, ClaimPlan, EndpointRow};
+use crate::delivery::{Attempt, Sender, Target};
 use crate::settings::Settings;
-use outbox_core::delivery::{Attempt, Sender, Target};
-use outbox_core::shares::share_requests;
+use crate::shares::share_requests;
+
+/// What one claim takes from one endpoint.
+pub struct Claim {
+    pub endpoint: Arc<str>,
+    /// At most this many deliveries.
+    pub limit: usize,
+    /// How long the claim holds them.
+    pub lease: Duration,
+    /// A delivery that already had this many attempts is made dead, not claimed.
+    pub max_attempts: i32,
+    /// Per-key FIFO: its keys get their heads (`outbox_sequence`) before the claim.
+    pub ordered: bool,
+}
+
+/// One claim over several endpoints, within the room left in the worker's budgets: the
+/// endpoints' limits add up to no more than `outbox.max_requests_in_flight` leaves, and the
+/// claim takes about `bytes` of payload (what `outbox.max_bytes_in_flight` leaves).
+pub struct ClaimPlan {
+    pub claims: Vec<Claim>,
+    pub bytes: usize,
+    /// The requests budget gave some endpoint less than it could take: due deliveries may be
+    /// left out.
+    pub cut_short: bool,
+}
+
+/// A webhook endpoint as its row says, before the worker makes a `Target` of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointRow {
+    pub name: String,
+    pub url: Option<String>,
+    pub headers: Vec<(String, String)>,
+    pub timeout: Option<Duration>,
+    pub max_attempts: Option<i32>,
+    pub max_in_flight: Option<i32>,
+    /// The live signing secrets, newest first.
+    pub secrets: Vec<String>,
+    pub ordered: bool,
+}
 
 /// The endpoint whose null URL means the setting `outbox.webhook_url`.
 const DEFAULT_ENDPOINT: &str = "default";
 /// A claim's lease outlasts the endpoint's request timeout by at least this much, so that a
 /// delivery is never claimed again while its request may still be running.
-const LEASE_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
 struct Endpoint {
     row: EndpointRow,
     /// What the target was built from besides the row.
     webhook_url: String,
-    http_timeout: std::time::Duration,
+    http_timeout: Duration,
     /// Where to send, or why this endpoint's deliveries wait.
     target: Result<Arc<Target>, String>,
     max_attempts: i32,
@@ -44,8 +80,10 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
-    /// Takes the rows just read; says once (per change) why an endpoint cannot be sent to.
-    pub fn refresh(&mut self, rows: Vec<EndpointRow>, version: i64, settings: &Settings, worker: usize) {
+    /// Takes the rows just read. Returns the endpoints that became unusable with this read,
+    /// each with why, for the driver to say once (per change).
+    pub fn refresh(&mut self, rows: Vec<EndpointRow>, version: i64, settings: &Settings) -> Vec<(Arc<str>, String)> {
+        let mut became_unusable = Vec::new();
         self.version = version;
         self.active.clear();
         for row in rows {
@@ -70,7 +108,7 @@ impl Endpoints {
                         _ => reason.to_string(),
                     });
                 if let Err(reason) = &target {
-                    log!("outbox_ext relay {worker}: not delivering to endpoint {name}: {reason}");
+                    became_unusable.push((name.clone(), reason.clone()));
                 }
                 let endpoint = Endpoint {
                     row,
@@ -87,6 +125,7 @@ impl Endpoints {
             endpoint.max_in_flight = endpoint.row.max_in_flight.map_or(settings.concurrency, |n| n.max(1) as usize);
             self.active.push(name);
         }
+        became_unusable
     }
 
     /// How many deliveries of each endpoint to claim now, and for how long: none for an
@@ -187,4 +226,53 @@ impl Endpoints {
 /// The room left in the worker's budgets over all endpoints: (requests, bytes).
 fn budget_left(sender: &Sender, settings: &Settings) -> (usize, usize) {
     (settings.max_requests_in_flight.saturating_sub(sender.in_flight()), settings.max_bytes_in_flight.saturating_sub(sender.held_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(webhook_url: &str) -> Settings {
+        Settings {
+            webhook_url: webhook_url.to_string(),
+            http_timeout: Duration::from_secs(10),
+            batch_size: 100,
+            concurrency: 128,
+            lease: Duration::from_secs(30),
+            max_attempts: 10,
+            poll_interval: Duration::from_secs(1),
+            retention: None,
+            endpoint_disable_after: None,
+            dead_retention: None,
+            allowed_destinations: "0.0.0.0/0, ::/0".to_string(),
+            max_requests_in_flight: 256,
+            max_bytes_in_flight: 64 << 20,
+        }
+    }
+
+    fn row(name: &str, url: Option<&str>) -> EndpointRow {
+        EndpointRow {
+            name: name.to_string(),
+            url: url.map(str::to_string),
+            headers: Vec::new(),
+            timeout: None,
+            max_attempts: None,
+            max_in_flight: None,
+            secrets: Vec::new(),
+            ordered: false,
+        }
+    }
+
+    #[test]
+    fn an_endpoint_that_cannot_be_sent_to_is_reported_once_per_change() {
+        let mut endpoints = Endpoints::default();
+        let rows = vec![row(DEFAULT_ENDPOINT, None), row("orders", Some("http://127.0.0.1:9/orders"))];
+        let unusable = endpoints.refresh(rows.clone(), 1, &settings(""));
+        assert_eq!(unusable.len(), 1, "{unusable:?}");
+        assert_eq!(&*unusable[0].0, DEFAULT_ENDPOINT);
+        assert!(unusable[0].1.contains("set outbox.webhook_url"), "{}", unusable[0].1);
+        assert!(endpoints.refresh(rows.clone(), 2, &settings("")).is_empty(), "unchanged: not said again");
+        assert!(endpoints.refresh(rows.clone(), 3, &settings("http://127.0.0.1:9/")).is_empty(), "the setting fixed it");
+        assert_eq!(endpoints.refresh(rows, 4, &settings("")).len(), 1, "unset again: said again");
+    }
 }

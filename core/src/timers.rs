@@ -1,0 +1,112 @@
+//! When the relay loop's next claim and retention pass are due, and how long it may sleep.
+
+use std::time::{Duration, Instant};
+
+/// How soon acknowledgements that could not be recorded are tried again.
+pub const ACK_RETRY: Duration = Duration::from_millis(500);
+
+/// When the loop's next claim and retention pass are due.
+pub struct Timers {
+    /// A commit woke the worker, the last claim came back full, the worker can claim again
+    /// after it could not, or an acknowledgement made ordered deliveries claimable.
+    pub claim_due: bool,
+    /// The poll or a reload happened since the endpoints were last read: read them again even
+    /// if none of those read last could take a claim (one may have been fixed or added).
+    pub endpoints_stale: bool,
+    next_poll: Instant,
+    pub next_cleanup: Instant,
+}
+
+impl Default for Timers {
+    fn default() -> Timers {
+        Timers::new()
+    }
+}
+
+impl Timers {
+    pub fn new() -> Timers {
+        Timers { claim_due: true, endpoints_stale: true, next_poll: Instant::now(), next_cleanup: Instant::now() }
+    }
+
+    /// New settings may enable delivery, or shorten the retention or the poll interval (a
+    /// poll armed under a longer one would otherwise keep the worker asleep until then).
+    pub fn after_reload(&mut self, poll_interval: Duration) {
+        self.claim_due = true;
+        self.endpoints_stale = true;
+        self.next_cleanup = Instant::now();
+        self.next_poll = self.next_poll.min(Instant::now() + poll_interval);
+    }
+
+    pub fn after_claim(&mut self, full: bool, poll_interval: Duration) {
+        self.claim_due = full;
+        self.next_poll = Instant::now() + poll_interval;
+    }
+
+    pub fn cleanup_due(&self) -> bool {
+        Instant::now() >= self.next_cleanup
+    }
+
+    /// How long to wait: not at all while a claim is due and possible; else until the next
+    /// poll, retention pass or retry of unrecorded acknowledgements.
+    pub fn sleep(&self, can_claim: bool, acks_waiting: bool) -> Duration {
+        if self.claim_due && can_claim {
+            return Duration::ZERO;
+        }
+        let now = Instant::now();
+        let mut until = self.next_poll.min(self.next_cleanup);
+        if acks_waiting {
+            until = until.min(now + ACK_RETRY);
+        }
+        until.saturating_duration_since(now)
+    }
+
+    /// A commit's wakeup makes a claim due; so does the poll timer, which then re-arms itself.
+    pub fn after_wait(&mut self, latch: bool, poll_interval: Duration) {
+        let now = Instant::now();
+        if now >= self.next_poll {
+            self.claim_due = true;
+            self.endpoints_stale = true;
+            self.next_poll = now + poll_interval;
+        }
+        // Not endpoints_stale: a busy database commits thousands of times a second, and each
+        // commit wakes the workers that can claim; endpoint changes are picked up at the next
+        // poll.
+        self.claim_due |= latch;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_loop_claims_and_reads_the_endpoints_at_once() {
+        let timers = Timers::new();
+        assert!(timers.claim_due && timers.endpoints_stale);
+        assert_eq!(timers.sleep(true, false), Duration::ZERO);
+    }
+
+    #[test]
+    fn after_a_claim_that_was_not_full_the_loop_sleeps_until_the_poll() {
+        let mut timers = Timers::new();
+        timers.next_cleanup = Instant::now() + Duration::from_secs(3600);
+        // The first claim reads the endpoints (the loop takes endpoints_stale) and is not full.
+        timers.endpoints_stale = false;
+        timers.after_claim(false, Duration::from_secs(60));
+        let sleep = timers.sleep(true, false);
+        assert!(sleep > Duration::from_secs(59) && sleep <= Duration::from_secs(60), "{sleep:?}");
+        assert!(timers.sleep(true, true) <= ACK_RETRY, "acknowledgements to record are retried sooner");
+        timers.after_wait(true, Duration::from_secs(60));
+        assert!(timers.claim_due && !timers.endpoints_stale, "a commit's wakeup claims without reading the endpoints");
+    }
+
+    #[test]
+    fn a_reload_to_a_shorter_poll_interval_takes_effect_at_once() {
+        let mut timers = Timers::new();
+        timers.after_claim(false, Duration::from_secs(3600));
+        timers.after_reload(Duration::from_secs(1));
+        timers.claim_due = false;
+        timers.next_cleanup = Instant::now() + Duration::from_secs(3600);
+        assert!(timers.sleep(true, false) <= Duration::from_secs(1));
+    }
+}
