@@ -47,6 +47,6 @@ impl Installation {
     /// `sql` with `@extschema@` replaced by the extension's schema, as CREATE EXTENSION does
     /// for the install scripts.
     pub fn qualify(&self, sql: &str) -> String {
-        sql.replace("@extschema@", &self.schema)
+        outbox_core::statements::qualify(sql, &self.schema)
     }
 }

@@ -8,10 +8,12 @@
 //!   claim may take of each (the claim planner).
 //! - `shares`: how a relay's requests budget is shared between the endpoints it claims for.
 //! - `settings`: the relay's settings as plain data.
+//! - `statements`: the relay's SQL, as the files in `sql/` hold it.
 //! - `timers`: when the relay loop's next claim and retention pass are due.
 
 pub mod delivery;
 pub mod endpoints;
 pub mod settings;
 pub mod shares;
+pub mod statements;
 pub mod timers;

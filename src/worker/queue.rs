@@ -12,6 +12,10 @@ use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
 use outbox_core::delivery::{retry_delay, Attempt, AttemptKey, Event};
 use outbox_core::endpoints::{ClaimPlan, EndpointRow};
+use outbox_core::statements::{
+    CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, MARK_SENT,
+    NOTE_UNUSABLE_ENDPOINTS, RECORD_FAILURES, SEQUENCE, UNCOUNT_ABANDONED,
+};
 
 /// A delivery that ran out of attempts, and the last failure it had.
 pub struct DeadDelivery {
@@ -20,12 +24,6 @@ pub struct DeadDelivery {
     pub attempts: i32,
     pub last_error: String,
 }
-
-const CLAIM_BATCH: &str = include_str!("../../sql/claim_batch.sql");
-/// Ordered endpoints: keys without a head get one, so the claim can take it.
-const SEQUENCE: &str = "SELECT @extschema@.outbox_sequence(name) FROM unnest($1::text[]) AS name";
-/// 0 until an endpoint first changes, and after a restore (which leaves the row out).
-const ENDPOINTS_VERSION: &str = "SELECT coalesce((SELECT version FROM @extschema@.outbox_endpoints_version), 0)";
 
 /// The worker's statements, with the extension's tables named by their schema. Those run for
 /// every batch are prepared once (planning the claim took longer than running it); the
@@ -58,11 +56,8 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
                 prepare(ENDPOINTS_VERSION, &[])?,
                 prepare(SEQUENCE, &[TEXTARRAYOID])?,
                 prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, INT8OID])?,
-                prepare(include_str!("../../sql/mark_sent.sql"), &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, OIDOID])?,
-                prepare(
-                    include_str!("../../sql/record_failures.sql"),
-                    &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, OIDOID],
-                )?,
+                prepare(MARK_SENT, &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, OIDOID])?,
+                prepare(RECORD_FAILURES, &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, OIDOID])?,
             ])
         })
     })?;
@@ -73,12 +68,12 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
         claim_batch,
         mark_sent,
         record_failures,
-        disable_failing_endpoints: installation.qualify(include_str!("../../sql/disable_failing_endpoints.sql")),
-        load_endpoints: installation.qualify(include_str!("../../sql/load_endpoints.sql")),
-        note_unusable_endpoints: installation.qualify(include_str!("../../sql/note_unusable_endpoints.sql")),
-        delete_expired: installation.qualify(include_str!("../../sql/delete_expired.sql")),
-        delete_emptied_events: installation.qualify(include_str!("../../sql/delete_emptied_events.sql")),
-        uncount_abandoned: installation.qualify(include_str!("../../sql/uncount_abandoned.sql")),
+        disable_failing_endpoints: installation.qualify(DISABLE_FAILING_ENDPOINTS),
+        load_endpoints: installation.qualify(LOAD_ENDPOINTS),
+        note_unusable_endpoints: installation.qualify(NOTE_UNUSABLE_ENDPOINTS),
+        delete_expired: installation.qualify(DELETE_EXPIRED),
+        delete_emptied_events: installation.qualify(DELETE_EMPTIED_EVENTS),
+        uncount_abandoned: installation.qualify(UNCOUNT_ABANDONED),
         installation,
     })
 }
