@@ -59,7 +59,7 @@ WITH claimable AS (
              WHERE o.id = c.event_id
             OFFSET 0) AS o
 ), taken AS (
-    SELECT claimable.*
+    SELECT claimable.row_id, claimable.spent
       FROM claimable
      WHERE claimable.spent OR claimable.bytes <= $5 OR claimable.bytes = claimable.size
 ), claimed AS (
@@ -86,11 +86,11 @@ WITH claimable AS (
 SELECT c.endpoint,
        c.event_id,
        c.attempts,
-       json_build_object('type', t.topic, 'timestamp', t.created_at, 'data', t.payload)::text AS body,
+       json_build_object('type', claimable.topic, 'timestamp', claimable.created_at, 'data', claimable.payload)::text AS body,
        NULL AS last_error,
        c.fence
   FROM claimed AS c
-  JOIN taken AS t ON t.event_id = c.event_id AND t.endpoint = c.endpoint
+  JOIN claimable ON claimable.event_id = c.event_id AND claimable.endpoint = c.endpoint
 UNION ALL
 SELECT s.endpoint, s.event_id, s.attempts, NULL, s.last_error, NULL
   FROM spent AS s

@@ -210,7 +210,6 @@ BEGIN
     IF kind <> 'pull' THEN
         DELETE FROM @extschema@.outbox_endpoint_consumers AS c WHERE c.endpoint = outbox_endpoint_set.name;
     END IF;
-    PERFORM @extschema@.outbox_endpoints_changed();
 END
 $$;
 

@@ -14,26 +14,26 @@ pub fn share_requests(wanted: &[usize], budget: usize, first: usize) -> Vec<usiz
     if wanted.iter().sum::<usize>() <= budget {
         return wanted.to_vec();
     }
-    let budget = budget - budget / (wanted.len() + 1);
-    let mut given = vec![0; wanted.len()];
+    let n = wanted.len();
+    let budget = budget - budget / (n + 1);
+    let mut given = vec![0; n];
     // Smallest wants first: those below an equal share of what is left get what they want;
     // from the first that wants more, all the rest get that share.
-    let mut by_want: Vec<usize> = (0..wanted.len()).collect();
+    let mut by_want: Vec<usize> = (0..n).collect();
     by_want.sort_by_key(|&i| wanted[i]);
     let mut left = budget;
     for (place, &i) in by_want.iter().enumerate() {
-        let share = left / (wanted.len() - place);
+        let share = left / (n - place);
         if wanted[i] > share {
             for &rest in &by_want[place..] {
                 given[rest] = share;
             }
-            left -= share * (wanted.len() - place);
+            left -= share * (n - place);
             break;
         }
         given[i] = wanted[i];
         left -= wanted[i];
     }
-    let n = wanted.len();
     for i in (0..n).map(|k| (first + k) % n) {
         if left == 0 {
             break;

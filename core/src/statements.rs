@@ -37,7 +37,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_statement_names_the_schema_only_by_placeholder_and_is_qualified_everywhere() {
+    fn every_statement_names_the_schema_by_placeholder_and_qualify_replaces_each_one() {
         for sql in [
             CLAIM_BATCH,
             MARK_SENT,
