@@ -2,7 +2,6 @@
 //! one short transaction; none is open while a request is in flight, and an ERROR in one
 //! comes back as an `Err` (see `transaction`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use pgrx::prelude::*;
@@ -10,20 +9,14 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 
 use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
-use outbox_core::delivery::{retry_delay, Attempt, AttemptKey, Event};
-use outbox_core::endpoints::{ClaimPlan, EndpointRow};
+use outbox_core::endpoints::EndpointRow;
+use outbox_core::queue::{
+    millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, Queue, QueueError,
+};
 use outbox_core::statements::{
     CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, MARK_SENT,
     NOTE_UNUSABLE_ENDPOINTS, RECORD_FAILURES, SEQUENCE, UNCOUNT_ABANDONED,
 };
-
-/// A delivery that ran out of attempts, and the last failure it had.
-pub struct DeadDelivery {
-    pub endpoint: String,
-    pub event_id: i64,
-    pub attempts: i32,
-    pub last_error: String,
-}
 
 /// The worker's statements, with the extension's tables named by their schema. Those run for
 /// every batch are prepared once (planning the claim took longer than running it); the
@@ -148,229 +141,190 @@ pub fn find_installation() -> Result<Option<Installation>, TransactionError> {
     transaction::run(|| Spi::connect(Installation::find))
 }
 
-/// What `load_endpoints` found.
-pub enum Endpoints {
-    /// The endpoints that were just disabled (name and reason), those to claim for, and the
-    /// version of the endpoints they are (see `claim_batch`).
-    Read { disabled: Vec<(String, String)>, endpoints: Vec<EndpointRow>, version: i64 },
-    /// The extension these statements were made for is gone (dropped, perhaps created again:
-    /// the same table names may now hold other rows).
-    ExtensionGone,
-}
-
-/// Disables the endpoints that have been failing for `disable_after`, then reads the webhook
-/// endpoints to claim for; first of all, checks that the extension is still the one the
-/// worker knows.
-pub fn load_endpoints(queries: &Queries, disable_after: Option<Duration>) -> Result<Endpoints, TransactionError> {
-    transaction::run(|| {
-        Spi::connect_mut(|client| {
-            let same = "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $1)";
-            if client.select(same, None, &[queries.installation.oid.into()])?.first().get_one::<bool>()? != Some(true) {
-                return Ok(Endpoints::ExtensionGone);
-            }
-            // Read first: a change after this makes the next claim see a newer version.
-            let version = endpoints_version(client, queries)?;
-            let mut disabled = Vec::new();
-            if let Some(after) = disable_after {
-                for row in client.update(queries.disable_failing_endpoints.as_str(), None, &[millis(after).into()])? {
-                    disabled.push((row.get::<String>(1)?.unwrap_or_default(), row.get::<String>(2)?.unwrap_or_default()));
-                }
-            }
-            let mut endpoints = Vec::new();
-            for row in client.select(queries.load_endpoints.as_str(), None, &[])? {
-                let names: Vec<String> = row.get(3)?.unwrap_or_default();
-                let values: Vec<String> = row.get(4)?.unwrap_or_default();
-                endpoints.push(EndpointRow {
-                    name: row.get(1)?.unwrap_or_default(),
-                    url: row.get(2)?,
-                    headers: names.into_iter().zip(values).collect(),
-                    timeout: row.get::<f64>(5)?.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1000.0)),
-                    max_attempts: row.get(6)?,
-                    max_in_flight: row.get(7)?,
-                    secrets: row.get(8)?.unwrap_or_default(),
-                    ordered: row.get(9)?.unwrap_or(false),
-                });
-            }
-            Ok(Endpoints::Read { disabled, endpoints, version })
-        })
-    })
-}
-
 /// `outbox_endpoints_version`, which every change to an endpoint moves on as it commits.
 fn endpoints_version(client: &mut SpiClient<'_>, queries: &Queries) -> Result<i64, pgrx::spi::SpiError> {
     Ok(client.update(&queries.endpoints_version, None, &[])?.first().get_one::<i64>()?.unwrap_or(0))
 }
 
-/// What a claim got: the deliveries to send, those it found out of attempts (made dead), and
-/// whether the worker's budgets left due deliveries out; or nothing because the endpoints
-/// changed since the worker read them at `version` (it reads them again and claims then: a new
-/// secret signs every attempt started after its rotation committed).
-pub enum Claimed {
-    Deliveries { claimed: Vec<Event>, dead: Vec<DeadDelivery>, left_out: bool },
-    EndpointsChanged,
+impl Queries {
+    /// What a failed statement means to the loop: `Gone` if the extension was dropped,
+    /// re-created or updated since these statements were prepared (also when even that lookup
+    /// fails, the error is what is reported).
+    fn failure(&self, error: TransactionError) -> QueueError {
+        match find_installation() {
+            Ok(Some(installation)) if installation == self.installation => QueueError::Failed(error.to_string()),
+            Ok(_) => QueueError::Gone,
+            Err(_) => QueueError::Failed(error.to_string()),
+        }
+    }
 }
 
-/// Claims up to the given number of due deliveries of each endpoint, with
-/// `synchronous_commit = off`: losing a claim in a crash only makes its deliveries claimable
-/// again (they were at most in flight), and the next acknowledgement, committed synchronously,
-/// flushes the claim's WAL with its own. One WAL flush per batch is saved. (A sequencing lost
-/// the same way is done again: its arrivals come back with it.)
-pub fn claim_batch(queries: &Queries, plan: &ClaimPlan, version: i64) -> Result<Claimed, TransactionError> {
-    let wanted = &plan.claims;
-    let endpoints: Vec<String> = wanted.iter().map(|claim| claim.endpoint.to_string()).collect();
-    let limits: Vec<i64> = wanted.iter().map(|claim| claim.limit as i64).collect();
-    let leases: Vec<f64> = wanted.iter().map(|claim| millis(claim.lease)).collect();
-    let caps: Vec<i32> = wanted.iter().map(|claim| claim.max_attempts).collect();
-    let ordered: Vec<String> = wanted.iter().filter(|claim| claim.ordered).map(|claim| claim.endpoint.to_string()).collect();
-    let claimed = transaction::run(|| {
-        Spi::connect_mut(|client| {
-            if endpoints_version(client, queries)? != version {
-                return Ok(None);
-            }
-            client.update("SET LOCAL synchronous_commit = off", None, &[])?;
-            if !ordered.is_empty() {
-                client.update(&queries.sequence, None, &[ordered.clone().into()])?;
-            }
-            let args = [endpoints.into(), limits.into(), leases.into(), caps.into(), (plan.bytes as i64).into()];
-            let mut claimed = Vec::new();
-            let mut dead = Vec::new();
-            let mut left_out = plan.cut_short;
-            for row in client.update(&queries.claim_batch, None, &args)? {
-                let Some(endpoint) = row.get::<String>(1)? else {
-                    left_out = true;
-                    continue;
-                };
-                let event_id = row.get::<i64>(2)?.unwrap_or_default();
-                let attempts = row.get::<i32>(3)?.unwrap_or_default();
-                match row.get::<String>(4)? {
-                    Some(body) => claimed.push((endpoint, event_id, attempts, row.get::<i32>(6)?.unwrap_or_default(), body)),
-                    None => dead.push(DeadDelivery { endpoint, event_id, attempts, last_error: row.get(5)?.unwrap_or_default() }),
+impl Queue for Queries {
+    /// First of all, checks that the extension is still the one the worker knows.
+    fn load_endpoints(&mut self, disable_after: Option<Duration>) -> Result<EndpointsRead, QueueError> {
+        let read = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                let same = "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $1)";
+                if client.select(same, None, &[self.installation.oid.into()])?.first().get_one::<bool>()? != Some(true) {
+                    return Ok(None);
                 }
-            }
-            Ok(Some((claimed, dead, left_out)))
-        })
-    })?;
-    let Some((claimed, dead, left_out)) = claimed else { return Ok(Claimed::EndpointsChanged) };
-    // Share the endpoint names the worker already holds instead of one copy per delivery.
-    let claimed = claimed
-        .into_iter()
-        .filter_map(|(endpoint, id, attempts, fence, body)| {
-            let endpoint = wanted.iter().find(|claim| *claim.endpoint == *endpoint)?.endpoint.clone();
-            Some(Event { endpoint, id, attempts, fence, body: body.into() })
-        })
-        .collect();
-    Ok(Claimed::Deliveries { claimed, dead, left_out })
-}
-
-/// Records acknowledged deliveries (endpoint, event id, fencing token) in a transaction of
-/// their own, so that nothing else that fails can take an acknowledgement with it. Returns how
-/// many deliveries of ordered endpoints that made claimable (the next of each key sent).
-pub fn mark_sent(queries: &Queries, acks: &[(Arc<str>, i64, i32)]) -> Result<i64, TransactionError> {
-    let endpoints: Vec<String> = acks.iter().map(|(endpoint, _, _)| endpoint.to_string()).collect();
-    let ids: Vec<i64> = acks.iter().map(|(_, id, _)| *id).collect();
-    let fences: Vec<i32> = acks.iter().map(|(_, _, fence)| *fence).collect();
-    transaction::run(|| {
-        Spi::connect_mut(|client| {
-            // Durable before the worker goes on: an acknowledged delivery is not sent again
-            // after a crash. The server's own setting, not the session's (prepare_session).
-            client.update("SET LOCAL synchronous_commit TO DEFAULT", None, &[])?;
-            let args = [endpoints.into(), ids.into(), fences.into(), queries.installation.oid.into()];
-            let rows = client.update(&queries.mark_sent, None, &args)?;
-            let mut released = 0;
-            for row in rows {
-                released += i64::from(row.get::<i32>(2)?.unwrap_or(0));
-            }
-            Ok(released)
-        })
-    })
-}
-
-/// Records failed attempts, each with its endpoint's attempt cap: `last_error` and the retry
-/// time, or `dead_at` at the cap; and the endpoints' health.
-pub fn record_failures(queries: &Queries, failed: &[(&Attempt, i32)]) -> Result<Vec<DeadDelivery>, TransactionError> {
-    let endpoints: Vec<String> = failed.iter().map(|(a, _)| a.endpoint.to_string()).collect();
-    let ids: Vec<i64> = failed.iter().map(|(a, _)| a.id).collect();
-    let fences: Vec<i32> = failed.iter().map(|(a, _)| a.fence).collect();
-    let errors: Vec<String> = failed.iter().map(|(a, _)| a.outcome.last_error().unwrap_or_default()).collect();
-    let retry_ms: Vec<f64> =
-        failed.iter().map(|(a, _)| millis(retry_delay(a.attempts, a.outcome.retry_after(), fastrand::f64()))).collect();
-    let caps: Vec<i32> = failed.iter().map(|(_, cap)| *cap).collect();
-    transaction::run(|| {
-        Spi::connect_mut(|client| {
-            let args =
-                [endpoints.into(), ids.into(), fences.into(), errors.into(), retry_ms.into(), caps.into(), queries.installation.oid.into()];
-            let rows = client.update(&queries.record_failures, None, &args)?;
-            let mut dead = Vec::new();
-            for row in rows {
-                if row.get::<bool>(4)?.unwrap_or(false) {
-                    dead.push(DeadDelivery {
-                        endpoint: row.get(1)?.unwrap_or_default(),
-                        event_id: row.get(2)?.unwrap_or_default(),
-                        attempts: row.get(3)?.unwrap_or_default(),
-                        last_error: row.get(5)?.unwrap_or_default(),
+                // Read first: a change after this makes the next claim see a newer version.
+                let version = endpoints_version(client, self)?;
+                let mut disabled = Vec::new();
+                if let Some(after) = disable_after {
+                    for row in client.update(self.disable_failing_endpoints.as_str(), None, &[millis(after).into()])? {
+                        disabled.push((row.get::<String>(1)?.unwrap_or_default(), row.get::<String>(2)?.unwrap_or_default()));
+                    }
+                }
+                let mut endpoints = Vec::new();
+                for row in client.select(self.load_endpoints.as_str(), None, &[])? {
+                    let names: Vec<String> = row.get(3)?.unwrap_or_default();
+                    let values: Vec<String> = row.get(4)?.unwrap_or_default();
+                    endpoints.push(EndpointRow {
+                        name: row.get(1)?.unwrap_or_default(),
+                        url: row.get(2)?,
+                        headers: names.into_iter().zip(values).collect(),
+                        timeout: row.get::<f64>(5)?.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1000.0)),
+                        max_attempts: row.get(6)?,
+                        max_in_flight: row.get(7)?,
+                        secrets: row.get(8)?.unwrap_or_default(),
+                        ordered: row.get(9)?.unwrap_or(false),
                     });
                 }
-            }
-            Ok(dead)
-        })
-    })
-}
-
-/// Takes back the attempts a stopping worker abandons (endpoint, event id, fencing token), so
-/// that a restart never uses up a delivery's last attempt.
-pub fn uncount_abandoned<'a>(queries: &Queries, abandoned: impl Iterator<Item = &'a AttemptKey>) -> Result<(), TransactionError> {
-    let mut endpoints = Vec::new();
-    let mut ids = Vec::new();
-    let mut fences = Vec::new();
-    for (endpoint, id, fence) in abandoned {
-        endpoints.push(endpoint.to_string());
-        ids.push(*id);
-        fences.push(*fence);
+                Ok(Some(EndpointsRead { disabled, endpoints, version }))
+            })
+        });
+        read.map_err(|e| self.failure(e))?.ok_or(QueueError::Gone)
     }
-    transaction::run(|| {
-        Spi::connect_mut(|client| {
-            // A stopping worker must exit within seconds: if a row is locked, the attempt counts.
-            client.update("SET LOCAL lock_timeout = '500ms'", None, &[])?;
-            let args = [endpoints.into(), ids.into(), fences.into(), queries.installation.oid.into()];
-            client.update(queries.uncount_abandoned.as_str(), None, &args)?;
-            Ok(())
-        })
-    })
-}
 
-/// Records, in the health of each endpoint named, why the workers cannot send to it.
-pub fn note_unusable_endpoints(queries: &Queries, names: Vec<String>, reasons: Vec<String>) -> Result<(), TransactionError> {
-    transaction::run(|| {
-        Spi::connect_mut(|client| {
-            client.update(queries.note_unusable_endpoints.as_str(), None, &[names.into(), reasons.into()])?;
-            Ok(())
-        })
-    })
-}
+    /// With `synchronous_commit = off`: losing a claim in a crash only makes its deliveries
+    /// claimable again (they were at most in flight), and the next acknowledgement, committed
+    /// synchronously, flushes the claim's WAL with its own. One WAL flush per batch is saved.
+    /// (A sequencing lost the same way is done again: its arrivals come back with it.)
+    fn claim_batch(&mut self, claim: &ClaimArguments, version: i64) -> Result<Option<Vec<ClaimedRow>>, QueueError> {
+        let claimed = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                if endpoints_version(client, self)? != version {
+                    return Ok(None);
+                }
+                client.update("SET LOCAL synchronous_commit = off", None, &[])?;
+                if !claim.ordered.is_empty() {
+                    client.update(&self.sequence, None, &[claim.ordered.clone().into()])?;
+                }
+                let args = [
+                    claim.endpoints.clone().into(),
+                    claim.limits.clone().into(),
+                    claim.leases.clone().into(),
+                    claim.caps.clone().into(),
+                    claim.bytes.into(),
+                ];
+                let mut rows = Vec::new();
+                for row in client.update(&self.claim_batch, None, &args)? {
+                    rows.push(ClaimedRow {
+                        endpoint: row.get(1)?,
+                        event_id: row.get(2)?.unwrap_or_default(),
+                        attempts: row.get(3)?.unwrap_or_default(),
+                        body: row.get(4)?,
+                        last_error: row.get(5)?,
+                        fence: row.get(6)?.unwrap_or_default(),
+                    });
+                }
+                Ok(Some(rows))
+            })
+        });
+        claimed.map_err(|e| self.failure(e))
+    }
 
-/// Deletes up to `limit` deliveries sent longer than `retention` ago (and as many unrouted
-/// events that old), then their events once nothing else waits for them; returns how many
-/// deliveries and unrouted events went.
-pub fn delete_expired(
-    queries: &Queries,
-    retention: Option<Duration>,
-    dead_retention: Option<Duration>,
-    limit: usize,
-) -> Result<usize, TransactionError> {
-    transaction::run(|| {
-        Spi::connect_mut(|client| {
-            let args = [retention.map(millis).into(), (limit as i64).into(), dead_retention.map(millis).into()];
-            let (deleted, events) = client.update(queries.delete_expired.as_str(), None, &args)?.first().get_two::<i64, Vec<i64>>()?;
-            let events = events.unwrap_or_default();
-            if !events.is_empty() {
-                client.update(queries.delete_emptied_events.as_str(), None, &[events.into()])?;
-            }
-            Ok(deleted.unwrap_or(0) as usize)
-        })
-    })
-}
+    /// In a transaction of its own, so that nothing else that fails can take an
+    /// acknowledgement with it.
+    fn mark_sent(&mut self, acks: &AttemptColumns) -> Result<i64, QueueError> {
+        let released = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                // Durable before the worker goes on: an acknowledged delivery is not sent again
+                // after a crash. The server's own setting, not the session's (prepare_session).
+                client.update("SET LOCAL synchronous_commit TO DEFAULT", None, &[])?;
+                let args =
+                    [acks.endpoints.clone().into(), acks.ids.clone().into(), acks.fences.clone().into(), self.installation.oid.into()];
+                let mut released = 0;
+                for row in client.update(&self.mark_sent, None, &args)? {
+                    released += i64::from(row.get::<i32>(2)?.unwrap_or(0));
+                }
+                Ok(released)
+            })
+        });
+        released.map_err(|e| self.failure(e))
+    }
 
-/// A duration as float8 milliseconds, the type the statements multiply an interval by.
-fn millis(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1000.0
+    fn record_failures(&mut self, failures: &FailureColumns) -> Result<Vec<DeadDelivery>, QueueError> {
+        let dead = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                let attempts = &failures.attempts;
+                let args = [
+                    attempts.endpoints.clone().into(),
+                    attempts.ids.clone().into(),
+                    attempts.fences.clone().into(),
+                    failures.errors.clone().into(),
+                    failures.retry_ms.clone().into(),
+                    failures.caps.clone().into(),
+                    self.installation.oid.into(),
+                ];
+                let mut dead = Vec::new();
+                for row in client.update(&self.record_failures, None, &args)? {
+                    if row.get::<bool>(4)?.unwrap_or(false) {
+                        dead.push(DeadDelivery {
+                            endpoint: row.get(1)?.unwrap_or_default(),
+                            event_id: row.get(2)?.unwrap_or_default(),
+                            attempts: row.get(3)?.unwrap_or_default(),
+                            last_error: row.get(5)?.unwrap_or_default(),
+                        });
+                    }
+                }
+                Ok(dead)
+            })
+        });
+        dead.map_err(|e| self.failure(e))
+    }
+
+    fn uncount_abandoned(&mut self, abandoned: &AttemptColumns) -> Result<(), QueueError> {
+        let done = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                // A stopping worker must exit within seconds: if a row is locked, the attempt counts.
+                client.update("SET LOCAL lock_timeout = '500ms'", None, &[])?;
+                let args = [
+                    abandoned.endpoints.clone().into(),
+                    abandoned.ids.clone().into(),
+                    abandoned.fences.clone().into(),
+                    self.installation.oid.into(),
+                ];
+                client.update(self.uncount_abandoned.as_str(), None, &args)?;
+                Ok(())
+            })
+        });
+        done.map_err(|e| self.failure(e))
+    }
+
+    fn note_unusable_endpoints(&mut self, names: &[String], reasons: &[String]) -> Result<(), QueueError> {
+        let done = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                client.update(self.note_unusable_endpoints.as_str(), None, &[names.to_vec().into(), reasons.to_vec().into()])?;
+                Ok(())
+            })
+        });
+        done.map_err(|e| self.failure(e))
+    }
+
+    fn delete_expired(&mut self, retention: Option<Duration>, dead_retention: Option<Duration>, limit: usize) -> Result<usize, QueueError> {
+        let deleted = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                let args = [retention.map(millis).into(), (limit as i64).into(), dead_retention.map(millis).into()];
+                let (deleted, events) = client.update(self.delete_expired.as_str(), None, &args)?.first().get_two::<i64, Vec<i64>>()?;
+                let events = events.unwrap_or_default();
+                if !events.is_empty() {
+                    client.update(self.delete_emptied_events.as_str(), None, &[events.into()])?;
+                }
+                Ok(deleted.unwrap_or(0) as usize)
+            })
+        });
+        deleted.map_err(|e| self.failure(e))
+    }
 }

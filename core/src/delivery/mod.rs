@@ -19,7 +19,7 @@ pub use backoff::retry_delay;
 pub use destinations::Destinations;
 pub use doorbell::Doorbell;
 pub use outcome::{one_line, Outcome, OutcomeClass, MAX_ERROR_BYTES};
-pub use sender::{AttemptKey, Sender};
+pub use sender::{AttemptKey, Sender, SenderError};
 pub use signing::{SecretError, SigningKey};
 
 pub const USER_AGENT: &str = concat!("outbox_ext/", env!("CARGO_PKG_VERSION"));

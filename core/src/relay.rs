@@ -1,0 +1,384 @@
+//! The relay loop, as both drivers run it: each turn it claims what is due and starts sending
+//! it, records what finished, deletes what retention expired, and waits for a commit, a
+//! finished request or a timer. The database is behind `Queue`, waiting and signals behind
+//! `Wake`, counters and log lines behind `Report`: the background worker implements them with
+//! SPI, its latch and shared memory; the `outbox` process with a client connection, LISTEN
+//! and Prometheus counters.
+
+use std::convert::Infallible;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use crate::delivery::{one_line, Attempt, AttemptKey, Destinations, Outcome, Sender, SenderError, MAX_ERROR_BYTES};
+use crate::endpoints::Endpoints;
+use crate::queue::{AttemptColumns, ClaimArguments, Claimed, DeadDelivery, FailureColumns, Queue, QueueError};
+use crate::settings::Settings;
+use crate::timers::{Timers, ACK_RETRY};
+
+/// How long a stopping relay waits for requests in flight before abandoning them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Retention deletes at most this many rows per transaction, and pauses this long once it
+/// has caught up.
+const RETENTION_BATCH: usize = 1_000;
+const RETENTION_PAUSE: Duration = Duration::from_secs(10);
+/// A failure that keeps happening is logged again after this long.
+const REPEAT_WARNING_AFTER: Duration = Duration::from_secs(60);
+
+/// How a driver waits, and what it was asked meanwhile.
+pub trait Wake {
+    /// Whether commits should wake the relay from now on: only while it `can_claim`. True if
+    /// commits may have gone unheard until now (the relay could not claim, or the driver lost
+    /// its way of hearing them), so a claim is due at once.
+    fn listen(&mut self, can_claim: bool) -> bool;
+    /// Waits until a commit wakes the relay (true), `doorbell` is readable or `timeout` passes.
+    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool;
+    /// What the relay was asked since the last call.
+    fn asked(&mut self) -> Asked;
+}
+
+/// A request from outside the loop, which it checks between its steps.
+pub enum Asked {
+    Nothing,
+    /// New settings, read after a reload signal.
+    Reload(Settings),
+    /// Claim nothing more, record what finishes within `SHUTDOWN_GRACE`, then end.
+    Stop,
+    /// End at once, recording only what has already finished (the database is going away).
+    Leave,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Log,
+    Warning,
+}
+
+/// What the relay counts and says.
+pub trait Report {
+    /// Attempts that finished, whatever their outcome.
+    fn finished(&mut self, attempts: &[Attempt]);
+    /// Requests in flight now.
+    fn in_flight(&mut self, requests: usize);
+    /// A claim ran, and how long it took.
+    fn claimed(&mut self, took: Duration);
+    /// The relay works with the settings it last read from now on.
+    fn settings_loaded(&mut self);
+    /// A line for the log; the driver says which relay it comes from.
+    fn log(&mut self, level: Level, text: &str);
+}
+
+/// Why the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// `Asked::Stop` or `Asked::Leave`.
+    Asked,
+    /// The outbox was dropped or changed (`QueueError::Gone`); what was in flight is dropped
+    /// unrecorded, since it belongs to rows that are gone.
+    Gone,
+}
+
+pub struct Relay<Q, W, R> {
+    queue: Q,
+    wake: W,
+    report: R,
+    settings: Settings,
+    sender: Sender,
+    endpoints: Endpoints,
+    /// Whether this relay deletes what retention expired (one relay per database does).
+    runs_retention: bool,
+    /// Deliveries the receiver acknowledged whose `sent_at` could not be written yet; retried
+    /// until it is, so an acknowledgement is never lost to a failed transaction. Nothing new
+    /// is claimed meanwhile.
+    unrecorded_acks: Vec<AttemptKey>,
+    /// The last failure logged and when: the same failure is logged again only after a while.
+    last_warning: Option<(String, Instant)>,
+    /// The last claim left due deliveries out for want of budget: claim again as soon as a
+    /// request ends, since no commit may come to say they are there.
+    left_out: bool,
+}
+
+impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
+    pub fn new(queue: Q, wake: W, mut report: R, settings: Settings, runs_retention: bool) -> Result<Self, SenderError> {
+        let sender = Sender::new(allowed_destinations(&settings, &mut report))?;
+        Ok(Relay {
+            queue,
+            wake,
+            report,
+            settings,
+            sender,
+            endpoints: Endpoints::default(),
+            runs_retention,
+            unrecorded_acks: Vec::new(),
+            last_warning: None,
+            left_out: false,
+        })
+    }
+
+    /// Runs the loop until asked to stop or the outbox goes away; requests still in flight
+    /// then are abandoned to their leases.
+    pub fn run(mut self) -> Ended {
+        let mut timers = Timers::new();
+        let Err(ended) = self.turns(&mut timers);
+        self.sender.abandon();
+        ended
+    }
+
+    fn turns(&mut self, timers: &mut Timers) -> Result<Infallible, Ended> {
+        loop {
+            let reloaded = self.stop_or_reload_if_asked(timers)?;
+            // Outcomes are collected first (freeing their request slots) but written after the
+            // claim: a commit's fresh event is sent before the transactions that record what
+            // finished, which under a failing endpoint are most of the relay's time.
+            let busy = self.sender.busy_endpoints();
+            let finished = self.sender.take_finished();
+            // Also when fewer endpoints are busy: each one's share of the requests grew.
+            timers.claim_due |= self.endpoints.room_regained(&finished, &self.sender, &self.settings)
+                || (self.left_out && !finished.is_empty())
+                || self.sender.busy_endpoints() < busy;
+            let claimed = self.claim_if_due(timers);
+            // Recorded even when the claim ends the loop: these are neither in flight nor
+            // recorded anywhere else. The next events of ordered keys just sent are due: claim
+            // them without waiting.
+            timers.claim_due |= self.record_finished(finished)?;
+            claimed?;
+            if reloaded {
+                // Published after the first claim under the new settings: from here on, only a
+                // commit's wakeup or the new poll interval starts a claim.
+                self.report.settings_loaded();
+            }
+            self.delete_expired_if_due(timers)?;
+            let can_claim = self.can_claim();
+            timers.claim_due |= self.wake.listen(can_claim);
+            let sleep = timers.sleep(can_claim, !self.unrecorded_acks.is_empty());
+            let commit = self.wake.wait(self.sender.doorbell().fd(), sleep);
+            timers.after_wait(commit, self.settings.poll_interval);
+        }
+    }
+
+    /// Ends the loop if asked to (finishing what is in flight first, unless leaving at once);
+    /// true if new settings were loaded.
+    fn stop_or_reload_if_asked(&mut self, timers: &mut Timers) -> Result<bool, Ended> {
+        match self.wake.asked() {
+            Asked::Nothing => Ok(false),
+            Asked::Reload(settings) => {
+                let destinations = allowed_destinations(&settings, &mut self.report);
+                self.sender.allow(destinations);
+                self.settings = settings;
+                timers.after_reload(self.settings.poll_interval);
+                Ok(true)
+            }
+            Asked::Stop => {
+                self.finish_in_flight();
+                Err(Ended::Asked)
+            }
+            Asked::Leave => {
+                // Acknowledgements already received are written first; requests still in
+                // flight come back by their lease.
+                let finished = self.sender.take_finished();
+                let _ = self.record_finished(finished);
+                Err(Ended::Asked)
+            }
+        }
+    }
+
+    fn claim_if_due(&mut self, timers: &mut Timers) -> Result<(), Ended> {
+        if timers.claim_due && (self.can_claim() || timers.endpoints_stale) {
+            let read_endpoints = std::mem::take(&mut timers.endpoints_stale);
+            // None: no room, or nothing to send to; wait for a finished request or the poll.
+            if let Some(full) = self.claim_and_send(read_endpoints)? {
+                timers.after_claim(full, self.settings.poll_interval);
+            }
+        }
+        Ok(())
+    }
+
+    fn delete_expired_if_due(&mut self, timers: &mut Timers) -> Result<(), Ended> {
+        if timers.cleanup_due() {
+            timers.next_cleanup = self.delete_expired()?;
+        }
+        Ok(())
+    }
+
+    /// Whether a claim could take anything now: not while acknowledgements wait to be
+    /// recorded, nor while every endpoint's request slots are (nearly) full.
+    fn can_claim(&self) -> bool {
+        self.unrecorded_acks.is_empty() && self.endpoints.can_claim(&self.sender, &self.settings)
+    }
+
+    /// Reads the endpoints if asked (disabling those failing for too long), claims for each
+    /// what fits in its free request slots, and starts sending. `Some(true)` if some
+    /// endpoint's claim came back full (more may be due); `None` if there was nothing to claim
+    /// for.
+    fn claim_and_send(&mut self, read_endpoints: bool) -> Result<Option<bool>, Ended> {
+        if read_endpoints {
+            self.read_endpoints()?;
+        }
+        let plan = self.endpoints.claim_plan(&self.sender, &self.settings);
+        if plan.claims.is_empty() || !self.unrecorded_acks.is_empty() {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let rows = self.queue.claim_batch(&ClaimArguments::new(&plan), self.endpoints.version);
+        self.report.claimed(started.elapsed());
+        match rows {
+            // Claims again with what the endpoints are now (once: a change during this claim
+            // is seen by the next one). A new secret signs every attempt started after its
+            // rotation committed.
+            Ok(None) if !read_endpoints => self.claim_and_send(true),
+            Ok(None) => Ok(Some(true)),
+            Ok(Some(rows)) => {
+                let claimed = Claimed::from_rows(rows, &plan);
+                self.left_out = claimed.left_out;
+                claimed.dead.iter().for_each(|dead| self.warn_dead(dead));
+                let full = plan.claims.iter().any(|claim| claimed.taken(&claim.endpoint) == claim.limit);
+                for delivery in claimed.deliveries {
+                    if let Some(target) = self.endpoints.target(&delivery.endpoint) {
+                        self.sender.send(&target, delivery);
+                    }
+                }
+                self.report.in_flight(self.sender.in_flight());
+                Ok(Some(full))
+            }
+            Err(e) => self.failed("claiming deliveries", e).map(|()| Some(false)),
+        }
+    }
+
+    /// Reads the webhook endpoints, after disabling those that have failed for longer than
+    /// `endpoint_disable_after`. Done at each poll and reload, not at each commit's wakeup:
+    /// endpoint changes reach the relay within a poll interval, while the claim itself leaves
+    /// out an endpoint disabled or dropped since at once.
+    fn read_endpoints(&mut self) -> Result<(), Ended> {
+        let read = match self.queue.load_endpoints(self.settings.endpoint_disable_after) {
+            Ok(read) => read,
+            Err(e) => return self.failed("reading the endpoints", e),
+        };
+        for (name, reason) in read.disabled {
+            let text = format!(
+                "endpoint {} disabled: {}; its deliveries wait for outbox_endpoint_enable()",
+                one_line(&name, 255),
+                one_line(&reason, MAX_ERROR_BYTES)
+            );
+            self.report.log(Level::Warning, &text);
+        }
+        for (name, reason) in self.endpoints.refresh(read.endpoints, read.version, &self.settings) {
+            self.report.log(Level::Log, &format!("not delivering to endpoint {name}: {reason}"));
+        }
+        let (names, reasons) = self.endpoints.unusable();
+        if !names.is_empty() {
+            if let Err(e) = self.queue.note_unusable_endpoints(&names, &reasons) {
+                self.failed("recording why endpoints cannot be sent to", e)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the attempts that finished: acknowledgements first, in a transaction of their
+    /// own (kept and retried if it fails), then failures (left to their lease if that fails).
+    /// True if an acknowledgement made the next delivery of an ordered key claimable.
+    fn record_finished(&mut self, finished: Vec<Attempt>) -> Result<bool, Ended> {
+        self.report.finished(&finished);
+        self.report.in_flight(self.sender.in_flight());
+        let (delivered, failed): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| a.outcome == Outcome::Delivered);
+        self.unrecorded_acks.extend(delivered.into_iter().map(|a| (a.endpoint, a.id, a.fence)));
+        let mut released = false;
+        if !self.unrecorded_acks.is_empty() {
+            match self.queue.mark_sent(&self.unrecorded_acks.iter().collect()) {
+                Ok(claimable) => {
+                    self.unrecorded_acks.clear();
+                    released = claimable > 0;
+                }
+                Err(e) => {
+                    let what = format!("recording {} acknowledgements (kept, tried again)", self.unrecorded_acks.len());
+                    self.failed(&what, e)?;
+                }
+            }
+        }
+        if !failed.is_empty() {
+            let capped: Vec<(&Attempt, i32)> =
+                failed.iter().map(|a| (a, self.endpoints.max_attempts(&a.endpoint, &self.settings))).collect();
+            match self.queue.record_failures(&FailureColumns::new(&capped, fastrand::f64)) {
+                Ok(dead) => dead.iter().for_each(|dead| self.warn_dead(dead)),
+                Err(e) => {
+                    let what = format!("recording {} failed attempts (their leases will return them)", failed.len());
+                    self.failed(&what, e)?;
+                }
+            }
+        }
+        Ok(released)
+    }
+
+    /// Deletes one batch of deliveries sent longer ago than `retention` or dead longer than
+    /// `dead_retention`, and the events they leave behind; returns when to run again: at once
+    /// while there is more, after a pause once caught up.
+    fn delete_expired(&mut self) -> Result<Instant, Ended> {
+        let (retention, dead_retention) = (self.settings.retention, self.settings.dead_retention);
+        if !self.runs_retention || (retention.is_none() && dead_retention.is_none()) {
+            return Ok(Instant::now() + RETENTION_PAUSE);
+        }
+        match self.queue.delete_expired(retention, dead_retention, RETENTION_BATCH) {
+            Ok(deleted) if deleted >= RETENTION_BATCH => Ok(Instant::now()),
+            Ok(_) => Ok(Instant::now() + RETENTION_PAUSE),
+            Err(e) => self.failed("deleting expired events", e).map(|()| Instant::now() + RETENTION_PAUSE),
+        }
+    }
+
+    /// After a statement failed: if the outbox is gone, end the loop; otherwise log the
+    /// error, once per minute while it repeats, and carry on.
+    fn failed(&mut self, what: &str, error: QueueError) -> Result<(), Ended> {
+        let QueueError::Failed(error) = error else {
+            self.report.log(Level::Log, "the outbox was dropped or changed in this database");
+            return Err(Ended::Gone);
+        };
+        let message = format!("{what} failed: {}", one_line(&error, MAX_ERROR_BYTES));
+        let now = Instant::now();
+        if self.last_warning.as_ref().is_none_or(|(said, at)| *said != message || now >= *at + REPEAT_WARNING_AFTER) {
+            self.report.log(Level::Warning, &message);
+            self.last_warning = Some((message, now));
+        }
+        Ok(())
+    }
+
+    /// Claims nothing more, records what finishes within the grace period, and leaves the
+    /// rest to lease expiry, taking back the attempts it counted.
+    fn finish_in_flight(&mut self) {
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        while (self.sender.in_flight() > 0 || !self.unrecorded_acks.is_empty()) && Instant::now() < deadline {
+            self.wake.wait(self.sender.doorbell().fd(), deadline.saturating_duration_since(Instant::now()).min(ACK_RETRY));
+            let finished = self.sender.take_finished();
+            if self.record_finished(finished).is_err() {
+                return;
+            }
+        }
+        let abandoned = self.sender.in_flight();
+        if abandoned > 0 {
+            self.report.log(Level::Log, &format!("stopping with {abandoned} requests in flight; their leases will return them"));
+            let attempts: AttemptColumns = self.sender.in_flight_attempts().collect();
+            if let Err(e) = self.queue.uncount_abandoned(&attempts) {
+                self.report.log(Level::Warning, &format!("the abandoned attempts still count: {e}"));
+            }
+        } else {
+            self.report.log(Level::Log, "stopped");
+        }
+    }
+
+    fn warn_dead(&mut self, delivery: &DeadDelivery) {
+        // The error comes from a receiver: print it on one line.
+        let text = format!(
+            "the delivery of event {} to endpoint {} is dead after {} attempts; last error: {}",
+            delivery.event_id,
+            one_line(&delivery.endpoint, 255),
+            delivery.attempts,
+            one_line(&delivery.last_error, MAX_ERROR_BYTES)
+        );
+        self.report.log(Level::Warning, &text);
+    }
+}
+
+/// `allowed_destinations` as the sender takes it. A driver refuses a value that does not
+/// parse; should one get through all the same, nothing is allowed, rather than everything.
+fn allowed_destinations(settings: &Settings, report: &mut impl Report) -> Destinations {
+    Destinations::parse(&settings.allowed_destinations).unwrap_or_else(|e| {
+        report.log(Level::Warning, &format!("allowed_destinations is not valid, so no destination is allowed: {e}"));
+        Destinations::default()
+    })
+}
