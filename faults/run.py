@@ -4,7 +4,10 @@
 back was sent. Prints one Markdown table; exits 1 if any scenario breaks a guarantee.
 
 Run through faults/run.sh, which builds, installs and starts the cluster. Size with
-FAULT_EVENTS (committed events per scenario; rolled-back ones are a quarter of that again)."""
+FAULT_EVENTS (committed events per scenario; rolled-back ones are a quarter of that again).
+With FAULT_RELAYS set to the `outbox` binary, the relays are two `outbox relay` processes this
+suite starts (and restarts, as a supervisor would) instead of the extension's workers; the
+cluster then runs none (outbox.workers = 0)."""
 
 import base64
 import http.client
@@ -27,6 +30,8 @@ RECEIVER_PORT = int(os.environ.get("FAULT_RECEIVER_PORT", "8797"))
 EVENTS = int(os.environ.get("FAULT_EVENTS", "2000"))
 DEADLINE = 180  # seconds any scenario may take to recover
 BASE_SETTINGS = {"lease": "5s", "http_timeout": "4s", "concurrency": "128"}
+RELAY_BINARY = os.environ.get("FAULT_RELAYS")
+RELAY_METRICS_PORTS = [19201, 19202]
 
 
 # ---------------------------------------------------------------- the database
@@ -49,6 +54,9 @@ def start_server():
 
 def configure(**settings):
     """Applies settings and waits until every worker works with them."""
+    if RELAY_BINARY:
+        RELAYS.configure(settings)
+        return
     for name, value in settings.items():
         sql(f"ALTER SYSTEM SET outbox.{name} = '{value}'")
     wait_until("both workers run", lambda: sql("SELECT count(*) FROM outbox_workers()") == "2")
@@ -59,8 +67,86 @@ def configure(**settings):
 
 
 def worker_pids():
+    if RELAY_BINARY:
+        return RELAYS.pids()
     pids = sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_ext relay'")
     return [int(p) for p in pids.split()]
+
+
+def in_flight():
+    """Requests the relays have in flight now."""
+    if RELAY_BINARY:
+        return RELAYS.in_flight()
+    return int(sql("SELECT coalesce(sum(in_flight), 0) FROM outbox_workers()"))
+
+
+class Relays:
+    """Two `outbox relay` processes with the settings last configured; a relay that exits or
+    is killed is started again by `supervise`, as systemd would."""
+
+    def __init__(self):
+        self.settings = {}
+        self.processes = [None, None]
+
+    def start(self, index):
+        flags = [f"--{name.replace('_', '-')}={value}" for name, value in self.settings.items()]
+        log = open(f"{DATA}/../relay-{index}.log", "a")
+        self.processes[index] = subprocess.Popen(
+            [RELAY_BINARY, "relay", f"--database-url=postgres://postgres@127.0.0.1:{PORT}/postgres",
+             f"--metrics=127.0.0.1:{RELAY_METRICS_PORTS[index]}", "--poll-interval=200ms",
+             f"--webhook-url=http://127.0.0.1:{RECEIVER_PORT}/events", *flags],
+            stdout=log, stderr=log)
+        wait_until(f"relay {index} is ready", lambda: self.get(index, "/readyz")[0] == 200, deadline=30)
+
+    def get(self, index, path):
+        connection = http.client.HTTPConnection("127.0.0.1", RELAY_METRICS_PORTS[index], timeout=5)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            return response.status, response.read().decode()
+        except OSError:
+            return None, ""
+        finally:
+            connection.close()
+
+    def stop(self, index, sig=signal.SIGTERM):
+        """Signals relay `index` and waits for it to exit; returns how long that took."""
+        process = self.processes[index]
+        started = time.monotonic()
+        process.send_signal(sig)
+        process.wait(30)
+        return time.monotonic() - started
+
+    def configure(self, settings):
+        self.settings = dict(settings)
+        for index in range(len(self.processes)):
+            if self.processes[index] is not None and self.processes[index].poll() is None:
+                self.stop(index)
+            self.start(index)
+
+    def supervise(self):
+        """Starts again every relay that has exited."""
+        for index, process in enumerate(self.processes):
+            if process is not None and process.poll() is not None:
+                self.start(index)
+
+    def pids(self):
+        return [process.pid for process in self.processes]
+
+    def in_flight(self):
+        total = 0
+        for index in range(len(self.processes)):
+            _, text = self.get(index, "/metrics")
+            total += sum(int(line.split()[1]) for line in text.splitlines() if line.startswith("outbox_relay_in_flight "))
+        return total
+
+    def stop_all(self):
+        for index, process in enumerate(self.processes):
+            if process is not None and process.poll() is None:
+                self.stop(index)
+
+
+RELAYS = Relays()
 
 
 def wait_until(what, condition, deadline=DEADLINE):
@@ -246,6 +332,10 @@ def kill_a_worker(receiver):
     wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
     assert receiver.active > 0, "requests are in flight when the fault hits"
     os.kill(worker_pids()[0], signal.SIGKILL)  # the postmaster reinitializes every backend
+    if RELAY_BINARY:
+        RELAYS.processes[0].wait()
+        RELAYS.supervise()
+        return rolled_back, "kill -9 of an outbox relay process, started again", None
     return rolled_back, "kill -9 of a relay worker", None
 
 
@@ -264,6 +354,14 @@ def fast_shutdown(receiver):
     rolled_back = enqueue_mixed(EVENTS)
     wait_until("hundreds of requests are in flight", lambda: receiver.active >= 200, deadline=30)
     in_flight = receiver.active
+    if RELAY_BINARY:
+        stopped_in = max(RELAYS.stop(0), RELAYS.stop(1))  # SIGTERM to each relay, as a deploy does
+        assert stopped_in < 5, f"a relay took {stopped_in:.1f}s to stop"
+        assert all(p.returncode == 0 for p in RELAYS.processes), "the relays exit with status 0"
+        receiver.delay = 0.0
+        RELAYS.supervise()
+        expect = "bool_and(attempts = 1 OR last_error IS NOT NULL) FROM outbox_deliveries"
+        return rolled_back, f"SIGTERM to both relays with {in_flight} in flight; stopped in {stopped_in:.1f} s", expect
     stopping = time.monotonic()
     pg_ctl("-m", "fast", "stop")  # SIGTERM to every worker, as a deploy does
     stopped_in = time.monotonic() - stopping
@@ -324,7 +422,8 @@ def claim_sql(limit, lease_ms):
     for one made dead; a row of nulls when the bytes budget left some out."""
     return "".join(l for l in CLAIM.splitlines(True) if not l.startswith("--")) \
         .replace("$1", "'{default}'").replace("$2", f"'{{{limit}}}'").replace("$3", f"'{{{lease_ms}}}'") \
-        .replace("$4", "'{10}'").replace("$5", "67108864").replace("@extschema@", "public")
+        .replace("$4", "'{10}'").replace("$5", "67108864").replace("$6", "pg_backend_pid()") \
+        .replace("@extschema@", "public")
 
 
 MARK_SENT = open(os.path.join(os.path.dirname(__file__), "..", "sql", "mark_sent.sql")).read()
@@ -393,11 +492,13 @@ def two_replicas(receiver):
     enqueued.set()
     for thread in threads:
         thread.join(DEADLINE)
-    workers = sql("SELECT count(*) FROM outbox_deliveries WHERE claimed_by IN (SELECT pid FROM outbox_workers())")
+    relays = "claimed_by < 0" if RELAY_BINARY else "claimed_by IN (SELECT pid FROM outbox_workers())"
+    workers = sql(f"SELECT count(*) FROM outbox_deliveries WHERE {relays}")
     assert receiver.overlaps == 0, f"{receiver.overlaps} rows were delivered twice at the same time"
     assert min(delivered_by) > 0 and int(workers) > 0, f"replicas {delivered_by}, workers {workers}: all take part"
-    return rolled_back, (f"2 SQL claimers beside the workers (replicas delivered {delivered_by[0]} and "
-                         f"{delivered_by[1]}, workers {workers}; 0 concurrent deliveries of one row)"), None
+    relayed_by = "outbox relay processes" if RELAY_BINARY else "workers"
+    return rolled_back, (f"2 SQL claimers beside the {relayed_by} (replicas delivered {delivered_by[0]} and "
+                         f"{delivered_by[1]}, {relayed_by} {workers}; 0 concurrent deliveries of one row)"), None
 
 
 def long_transaction(receiver):
@@ -445,7 +546,10 @@ def ordered_kill_a_worker(receiver):
     rolled_back = enqueue_keyed(EVENTS)
     wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
     os.kill(worker_pids()[0], signal.SIGKILL)
-    return rolled_back, "kill -9 of a relay worker (40 keys)", None
+    if RELAY_BINARY:
+        RELAYS.processes[0].wait()
+        RELAYS.supervise()
+    return rolled_back, "kill -9 of a relay (40 keys)", None
 
 
 def ordered_immediate_stop(receiver):
@@ -481,6 +585,42 @@ def ordered_sql_claimer(receiver):
     return rolled_back, f"a SQL claimer beside the 2 workers (it delivered {delivered[0]})", None
 
 
+# ---------------------------------------------------------------- outbox relay processes only
+# What a relay outside the server meets that a worker does not.
+
+def connection_cut(receiver):
+    """The relays' connections are terminated again and again while requests are in flight, so
+    acknowledgements arrive with no connection to record them on."""
+    receiver.reset(delay=0.5)
+    rolled_back = enqueue_mixed(EVENTS)
+    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 10)
+    rounds, cut = 0, 0
+    while rounds < 5:
+        assert receiver.active > 0, "requests are in flight when the connections are cut"
+        cut += int(sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                       "WHERE application_name = 'outbox relay'") or 0)
+        rounds += 1
+        time.sleep(0.3)
+    assert cut > 0, "connections were cut"
+    return rolled_back, f"{cut} relay connections terminated in {rounds} rounds during requests", None
+
+
+def database_unreachable(receiver):
+    """The server stops for a minute (FAULT_OUTAGE seconds) while requests are in flight."""
+    outage = float(os.environ.get("FAULT_OUTAGE", "60"))
+    receiver.reset(delay=0.1)
+    rolled_back = enqueue_mixed(EVENTS)
+    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
+    assert receiver.active > 0, "requests are in flight when the database goes away"
+    pg_ctl("-m", "fast", "stop")
+    time.sleep(outage)  # the outage itself
+    assert all(p.poll() is None for p in RELAYS.processes), "the relays wait for the database"
+    start_server()
+    return rolled_back, f"database stopped for {outage:.0f} s with requests in flight", None
+
+
+RELAY_SCENARIOS = [connection_cut, database_unreachable]
+
 ORDERED_SCENARIOS = [ordered_503s, ordered_kill_a_worker, ordered_immediate_stop, ordered_sql_claimer]
 
 SCENARIOS = [kill_a_worker, immediate_stop, fast_shutdown, receiver_outage, hanging_receiver, cut_mid_response,
@@ -488,8 +628,10 @@ SCENARIOS = [kill_a_worker, immediate_stop, fast_shutdown, receiver_outage, hang
 
 
 def run(scenario, receiver):
+    if RELAY_BINARY:
+        RELAYS.supervise()  # a relay an earlier scenario left stopped
     # Start clean: no request of an earlier scenario may still arrive and be counted here.
-    wait_until("no request is in flight", lambda: sql("SELECT coalesce(sum(in_flight), 0) FROM outbox_workers()") == "0")
+    wait_until("no request is in flight", lambda: in_flight() == 0)
     configure(**BASE_SETTINGS)
     ordered = scenario in ORDERED_SCENARIOS
     sql(f"SELECT outbox_endpoint_set('default', NULL, ordered => {str(ordered).lower()})")
@@ -677,7 +819,9 @@ def main():
     # Scenarios by name, comma-separated (e.g. FAULT_ONLY=two_replicas): only those run.
     only = [name for name in os.environ.get("FAULT_ONLY", "").split(",") if name]
     try:
-        if not only or "database_lifecycle" in only:
+        if RELAY_BINARY:
+            RELAYS.configure(BASE_SETTINGS)
+        elif not only or "database_lifecycle" in only:
             database_lifecycle()
     except (AssertionError, subprocess.CalledProcessError) as e:
         log = subprocess.run(["tail", "-n", "40", f"{DATA}/../server.log"], capture_output=True, text=True).stdout
@@ -685,11 +829,12 @@ def main():
         sys.exit(1)
     rows, failures = [], []
     try:
-        if not only or "secrets_stay_out_of_the_log" in only:
+        if not RELAY_BINARY and (not only or "secrets_stay_out_of_the_log" in only):
             secrets_stay_out_of_the_log()
     except AssertionError as e:
         failures.append(f"secrets_stay_out_of_the_log: {e}")
-    for scenario in [s for s in SCENARIOS + ORDERED_SCENARIOS if not only or s.__name__ in only]:
+    scenarios = SCENARIOS + ORDERED_SCENARIOS + (RELAY_SCENARIOS if RELAY_BINARY else [])
+    for scenario in [s for s in scenarios if not only or s.__name__ in only]:
         print(f"== {scenario.__name__}", flush=True)
         try:
             row, ok = run(scenario, receiver)
@@ -706,6 +851,7 @@ def main():
             print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
             for row in table:
                 print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+    RELAYS.stop_all()
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)
     sys.exit(1 if failures else 0)

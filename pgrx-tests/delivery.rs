@@ -93,10 +93,13 @@ fn claims_are_served_by_the_partial_index() {
         oid: pgrx::pg_sys::InvalidOid,
         namespace: pgrx::pg_sys::InvalidOid,
     };
-    db.execute(&format!("BEGIN; PREPARE claim(text[], bigint[], float8[], integer[], bigint) AS {}", claim_batch_sql(&installation)));
+    db.execute(&format!(
+        "BEGIN; PREPARE claim(text[], bigint[], float8[], integer[], bigint, integer) AS {}",
+        claim_batch_sql(&installation)
+    ));
     let plan: Vec<String> = db
         .client
-        .query("EXPLAIN EXECUTE claim('{default}', '{100}', '{30000}', '{10}', 67108864)", &[])
+        .query("EXPLAIN EXECUTE claim('{default}', '{100}', '{30000}', '{10}', 67108864, 1)", &[])
         .unwrap()
         .iter()
         .map(|row| row.get(0))

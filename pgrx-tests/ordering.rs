@@ -232,11 +232,11 @@ fn claims_never_read_the_deliveries_waiting_behind_their_keys() {
     };
     db.execute(&format!(
         "BEGIN; UPDATE outbox_endpoints SET kind = 'webhook', url = 'http://127.0.0.1:9/' WHERE name = 'jobs';
-         PREPARE claim(text[], bigint[], float8[], integer[], bigint) AS {}",
+         PREPARE claim(text[], bigint[], float8[], integer[], bigint, integer) AS {}",
         claim_batch_sql(&installation)
     ));
     let plan = db
-        .column::<String>("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE claim('{jobs}', '{100}', '{30000}', '{10}', 67108864)")
+        .column::<String>("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE claim('{jobs}', '{100}', '{30000}', '{10}', 67108864, 1)")
         .join("\n");
     db.execute("ROLLBACK; DEALLOCATE claim");
     assert!(plan.contains("outbox_deliveries_pending"), "the claim walks the pending index:\n{plan}");

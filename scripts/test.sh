@@ -22,8 +22,9 @@ scripts/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 
-# The relay's core (core/, no pgrx): its unit and property tests need no PostgreSQL.
-cargo test -p outbox_core
+# The relay's core (core/, no pgrx) and the outbox binary (cli/): their unit and property tests
+# need no PostgreSQL.
+cargo test -p outbox_core -p outbox
 
 . scripts/cluster.sh
 install_released_scripts
@@ -41,7 +42,8 @@ runas=()
 # extension (DROP / CREATE EXTENSION) while no other test may use it.
 RUST_TEST_THREADS=1 cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGDATA_DIR" "$@"
 
-# The fault-injection suite: crashes, restarts, shutdowns and receiver failures under load.
+# The fault-injection suite: crashes, restarts, shutdowns and receiver failures under load, with
+# the relay workers and with `outbox relay` processes.
 faults/run.sh
 
 # The pull-consumer clients in Python, Node and Java, through the same scenarios.

@@ -24,7 +24,9 @@
 -- "data"}, and the claim's fencing token (fence: every claim raises it, nothing lowers it), by
 -- which the worker records the attempt's outcome; then those made dead, with a null body and
 -- their last_error; then, if the bytes budget left due deliveries out, a row of nulls: the worker
--- claims again as soon as a request ends.
+-- claims again as soon as a request ends. $6 is who claims, kept in claimed_by: a worker's
+-- process id, or an `outbox relay` process's id, which is negative (its connections may be
+-- any server process behind a pooler).
 --
 -- Like every statement the workers run, this one runs with search_path = pg_catalog, pg_temp
 -- and names the extension's tables by their schema: with exact argument types, each operator
@@ -69,7 +71,7 @@ WITH claimable AS (
        SET attempts     = d.attempts + 1,
            fence        = d.fence + 1,
            available_at = clock_timestamp() + l.lease_ms * interval '1 millisecond',
-           claimed_by   = pg_backend_pid()
+           claimed_by   = $6
       FROM unnest($1::text[], $3::float8[]) AS l (endpoint, lease_ms)
      WHERE d.ctid = ANY (ARRAY(SELECT taken.row_id FROM taken WHERE NOT taken.spent))
        AND d.endpoint = l.endpoint

@@ -1,8 +1,9 @@
--- Attempts a stopping relay worker abandons ($1 endpoints, $2 event ids, $3 the fencing token
--- of each one's claim): they do not count against the cap (the fence stays: it never goes back). Each delivery keeps its lease, so nobody sends it while the
+-- Attempts a stopping relay abandons ($1 endpoints, $2 event ids, $3 the fencing token of each
+-- one's claim, $5 who claimed them, as in claim_batch.sql): they do not count against the cap
+-- (the fence stays: it never goes back). Each delivery keeps its lease, so nobody sends it while the
 -- abandoned request may still reach its receiver; once the lease runs out it is attempted
 -- again, even if this was its last allowed attempt (sql/claim_batch.sql would otherwise make
--- it dead: a restart is no reason to give up on a delivery). Only this session's current
+-- it dead: a restart is no reason to give up on a delivery). Only this relay's current
 -- claims of deliveries still undecided are touched. $4 is the extension the deliveries were
 -- claimed from, as in mark_sent.sql.
 UPDATE @extschema@.outbox_deliveries AS d
@@ -12,7 +13,7 @@ UPDATE @extschema@.outbox_deliveries AS d
    AND d.event_id = a.event_id
    AND d.endpoint = a.endpoint
    AND d.fence = a.fence
-   AND d.claimed_by = pg_backend_pid()
+   AND d.claimed_by = $5
    AND d.sent_at IS NULL
    AND d.dead_at IS NULL
    AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $4)

@@ -2,32 +2,32 @@
 //! plain snapshot that the worker hands to code off the main thread.
 
 use std::ffi::{CStr, CString};
-use std::time::Duration;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 
 use outbox_core::delivery::Destinations;
 pub use outbox_core::settings::Settings;
+use outbox_core::settings::{defaults, millis, seconds};
 
 pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 pub static RELAY: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static WEBHOOK_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static SIGNING_SECRET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
-pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(100);
-pub static CONCURRENCY: GucSetting<i32> = GucSetting::<i32>::new(128);
-pub static LEASE_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
-pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(10);
-pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
-pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
-pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
-pub static ENDPOINT_DISABLE_AFTER_S: GucSetting<i32> = GucSetting::<i32>::new(5 * 24 * 3600);
+pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(defaults::BATCH_SIZE);
+pub static CONCURRENCY: GucSetting<i32> = GucSetting::<i32>::new(defaults::CONCURRENCY);
+pub static LEASE_MS: GucSetting<i32> = GucSetting::<i32>::new(defaults::LEASE_MS);
+pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(defaults::MAX_ATTEMPTS);
+pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(defaults::HTTP_TIMEOUT_MS);
+pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(defaults::POLL_INTERVAL_MS);
+pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(defaults::RETENTION_S);
+pub static ENDPOINT_DISABLE_AFTER_S: GucSetting<i32> = GucSetting::<i32>::new(defaults::ENDPOINT_DISABLE_AFTER_S);
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 pub static ALLOWED_DESTINATIONS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0.0.0.0/0, ::/0"));
-pub static MAX_REQUESTS_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(256);
-pub static MAX_BYTES_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
-pub static DEAD_RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(30 * 24 * 3600);
+pub static MAX_REQUESTS_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(defaults::MAX_REQUESTS_IN_FLIGHT);
+pub static MAX_BYTES_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(defaults::MAX_BYTES_IN_FLIGHT);
+pub static DEAD_RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(defaults::DEAD_RETENTION_S);
 pub static DELIVER_AT_HORIZON_S: GucSetting<i32> = GucSetting::<i32>::new(90 * 24 * 3600);
 
 /// The most relay workers per database (the registry bounds them over all databases).
@@ -279,15 +279,6 @@ pub fn read() -> Settings {
         max_requests_in_flight: MAX_REQUESTS_IN_FLIGHT.get() as usize,
         max_bytes_in_flight: MAX_BYTES_IN_FLIGHT.get() as usize,
     }
-}
-
-fn millis(value: i32) -> Duration {
-    Duration::from_millis(value.max(0) as u64)
-}
-
-/// A setting in seconds where 0 means "never".
-fn seconds(value: i32) -> Option<Duration> {
-    (value > 0).then(|| Duration::from_secs(value as u64))
 }
 
 fn string_value(setting: &GucSetting<Option<CString>>) -> String {

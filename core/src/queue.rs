@@ -247,8 +247,14 @@ mod tests {
 
     #[test]
     fn failures_carry_their_error_backoff_and_cap() {
-        let attempt =
-            Attempt { endpoint: "a".into(), id: 7, attempts: 3, fence: 2, outcome: Outcome::Rejected { status: 503, retry_after: None } };
+        let attempt = Attempt {
+            endpoint: "a".into(),
+            id: 7,
+            attempts: 3,
+            fence: 2,
+            outcome: Outcome::Rejected { status: 503, retry_after: None },
+            took: Duration::ZERO,
+        };
         let columns = FailureColumns::new(&[(&attempt, 9)], || 0.5);
         assert_eq!(columns.attempts, AttemptColumns { endpoints: vec!["a".into()], ids: vec![7], fences: vec![2] });
         assert_eq!(columns.caps, [9]);

@@ -26,6 +26,49 @@ pub const SEQUENCE: &str = "SELECT @extschema@.outbox_sequence(name) FROM unnest
 /// restore (which leaves the row out).
 pub const ENDPOINTS_VERSION: &str = "SELECT coalesce((SELECT version FROM @extschema@.outbox_endpoints_version), 0)";
 
+/// The settings every relay statement runs with, each with why: the worker sets them for its
+/// session, the `outbox` process for each transaction (a pooler may hand it another session).
+pub const SESSION_SETTINGS: [(&str, &str); 8] = [
+    // Every statement the worker runs resolves operators and functions in pg_catalog, and
+    // names the extension's tables by schema, so nothing another role created (in public or in
+    // the extension's schema) runs as this worker.
+    ("search_path", "pg_catalog, pg_temp"),
+    // The prepared statements' plans do not depend on their arguments' values: plan them once,
+    // not again for each call as the plan cache may choose to.
+    ("plan_cache_mode", "force_generic_plan"),
+    // A plan made once must suit the tables at any size. Made while they were small (after
+    // CREATE EXTENSION or a TRUNCATE, before autovacuum's ANALYZE), it would read the whole of
+    // outbox_deliveries for each batch once the backlog grows, and each batch would then take
+    // longer than the last. Every statement on the queue's tables finds its rows by an index
+    // or by their addresses: rule table scans out.
+    ("enable_seqscan", "off"),
+    // A claim reads its endpoint's queue in claim order from outbox_deliveries_pending;
+    // through any other index it would read all of the endpoint's rows and sort them, for each
+    // batch. The planner chose that once (the primary key, whose second column is the
+    // endpoint, and a sort) with statistics from a table where every delivery was sent: each
+    // claim of a 100,000 backlog took 50-100 ms. Rule sorts out.
+    ("enable_sort", "off"),
+    // Needed with the two above: the scans and sorts left (of a sequence, of the few
+    // endpoints, of a batch's rows) keep the penalty that rules them out elsewhere, which is
+    // far above jit_above_cost, and would have every such statement compiled. The workers'
+    // statements are short.
+    ("jit", "off"),
+    // A claim, a failure or a retention pass lost in a crash costs at most a request sent
+    // again, which the lease allows anyway: their commits need not wait for the WAL to reach
+    // disk (the claim is on every event's way to its receiver). Recording an acknowledgement
+    // does wait, as the server is configured to (see `mark_sent`).
+    ("synchronous_commit", "off"),
+    // In a deadlock with someone's DDL (DROP EXTENSION, a TRUNCATE, an ALTER TABLE that locks
+    // the tables in another order than a worker statement), the worker, which checks first, is
+    // the one that gives way: its statement fails and is tried again; the user's command goes
+    // through.
+    ("deadlock_timeout", "100ms"),
+    // Each statement sees what committed before it began, whatever default_transaction_isolation
+    // the server or database sets: retention's second statement must see the deliveries that
+    // a replay wrote before the first one locked their events (sql/delete_emptied_events.sql).
+    ("default_transaction_isolation", "read committed"),
+];
+
 /// `sql` with `@extschema@` replaced by `schema` (an identifier, quoted if it needs to be), as
 /// CREATE EXTENSION does for the install scripts.
 pub fn qualify(sql: &str, schema: &str) -> String {

@@ -15,7 +15,7 @@ use outbox_core::queue::{
 };
 use outbox_core::statements::{
     CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, MARK_SENT,
-    NOTE_UNUSABLE_ENDPOINTS, RECORD_FAILURES, SEQUENCE, UNCOUNT_ABANDONED,
+    NOTE_UNUSABLE_ENDPOINTS, RECORD_FAILURES, SEQUENCE, SESSION_SETTINGS, UNCOUNT_ABANDONED,
 };
 
 /// The worker's statements, with the extension's tables named by their schema. Those run for
@@ -38,7 +38,7 @@ pub struct Queries {
 
 /// The statements for `installation`, prepared in a transaction of their own.
 pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> {
-    use pg_sys::{FLOAT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8OID, OIDOID, TEXTARRAYOID};
+    use pg_sys::{FLOAT8ARRAYOID, INT4ARRAYOID, INT4OID, INT8ARRAYOID, INT8OID, OIDOID, TEXTARRAYOID};
     let prepared = transaction::run(|| {
         Spi::connect_mut(|client| {
             let prepare = |sql: &str, types: &[pg_sys::Oid]| -> Result<OwnedPreparedStatement, pgrx::spi::SpiError> {
@@ -48,7 +48,7 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
             Ok([
                 prepare(ENDPOINTS_VERSION, &[])?,
                 prepare(SEQUENCE, &[TEXTARRAYOID])?,
-                prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, INT8OID])?,
+                prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, INT8OID, INT4OID])?,
                 prepare(MARK_SENT, &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, OIDOID])?,
                 prepare(RECORD_FAILURES, &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, OIDOID])?,
             ])
@@ -77,48 +77,6 @@ pub fn claim_batch_sql(installation: &Installation) -> String {
     installation.qualify(CLAIM_BATCH)
 }
 
-/// The worker's session settings, each with why.
-const SESSION_SETTINGS: [(&str, &str); 8] = [
-    // Every statement the worker runs resolves operators and functions in pg_catalog, and
-    // names the extension's tables by schema, so nothing another role created (in public or in
-    // the extension's schema) runs as this worker.
-    ("search_path", "pg_catalog, pg_temp"),
-    // The prepared statements' plans do not depend on their arguments' values: plan them once,
-    // not again for each call as the plan cache may choose to.
-    ("plan_cache_mode", "force_generic_plan"),
-    // A plan made once must suit the tables at any size. Made while they were small (after
-    // CREATE EXTENSION or a TRUNCATE, before autovacuum's ANALYZE), it would read the whole of
-    // outbox_deliveries for each batch once the backlog grows, and each batch would then take
-    // longer than the last. Every statement on the queue's tables finds its rows by an index
-    // or by their addresses: rule table scans out.
-    ("enable_seqscan", "off"),
-    // A claim reads its endpoint's queue in claim order from outbox_deliveries_pending;
-    // through any other index it would read all of the endpoint's rows and sort them, for each
-    // batch. The planner chose that once (the primary key, whose second column is the
-    // endpoint, and a sort) with statistics from a table where every delivery was sent: each
-    // claim of a 100,000 backlog took 50-100 ms. Rule sorts out.
-    ("enable_sort", "off"),
-    // Needed with the two above: the scans and sorts left (of a sequence, of the few
-    // endpoints, of a batch's rows) keep the penalty that rules them out elsewhere, which is
-    // far above jit_above_cost, and would have every such statement compiled. The workers'
-    // statements are short.
-    ("jit", "off"),
-    // A claim, a failure or a retention pass lost in a crash costs at most a request sent
-    // again, which the lease allows anyway: their commits need not wait for the WAL to reach
-    // disk (the claim is on every event's way to its receiver). Recording an acknowledgement
-    // does wait, as the server is configured to (see `mark_sent`).
-    ("synchronous_commit", "off"),
-    // In a deadlock with someone's DDL (DROP EXTENSION, a TRUNCATE, an ALTER TABLE that locks
-    // the tables in another order than a worker statement), the worker, which checks first, is
-    // the one that gives way: its statement fails and is tried again; the user's command goes
-    // through.
-    ("deadlock_timeout", "100ms"),
-    // Each statement sees what committed before it began, whatever default_transaction_isolation
-    // the server or database sets: retention's second statement must see the deliveries that
-    // a replay wrote before the first one locked their events (sql/delete_emptied_events.sql).
-    ("default_transaction_isolation", "read committed"),
-];
-
 /// Sets up the worker's session for its statements (`SESSION_SETTINGS`), in one statement
 /// that names everything by schema, since the search_path is not pinned yet.
 pub fn prepare_session() -> Result<(), TransactionError> {
@@ -139,6 +97,12 @@ pub fn prepare_session() -> Result<(), TransactionError> {
 /// The extension as installed in this database now, or `None`.
 pub fn find_installation() -> Result<Option<Installation>, TransactionError> {
     transaction::run(|| Spi::connect(Installation::find))
+}
+
+/// Who claims, as `claimed_by` records it: the worker's process id.
+fn claimer() -> i32 {
+    // SAFETY: set once when the process starts.
+    unsafe { pg_sys::MyProcPid }
 }
 
 /// `outbox_endpoints_version`, which every change to an endpoint moves on as it commits.
@@ -217,6 +181,7 @@ impl Queue for Queries {
                     claim.leases.clone().into(),
                     claim.caps.clone().into(),
                     claim.bytes.into(),
+                    claimer().into(),
                 ];
                 let mut rows = Vec::new();
                 for row in client.update(&self.claim_batch, None, &args)? {
@@ -295,6 +260,7 @@ impl Queue for Queries {
                     abandoned.ids.clone().into(),
                     abandoned.fences.clone().into(),
                     self.installation.oid.into(),
+                    claimer().into(),
                 ];
                 client.update(self.uncount_abandoned.as_str(), None, &args)?;
                 Ok(())

@@ -50,6 +50,8 @@ pub struct Attempt {
     pub attempts: i32,
     pub fence: i32,
     pub outcome: Outcome,
+    /// From the start of the request to its outcome.
+    pub took: Duration,
 }
 
 /// Where and how one endpoint's deliveries are POSTed.

@@ -110,13 +110,21 @@ impl Sender {
         self.held_bytes += event.body.len();
         *self.in_flight_to.entry(event.endpoint.clone()).or_default() += 1;
         self.runtime.spawn(async move {
+            let started = std::time::Instant::now();
             let outcome = match client {
                 _ if refused => Outcome::Refused,
                 Ok(client) => post(&client, &target, &event).await,
                 Err(e) => Outcome::Unreachable(e.to_string()),
             };
             // The receiver only disappears when the worker exits; then the result is moot.
-            let attempt = Attempt { endpoint: event.endpoint, id: event.id, attempts: event.attempts, fence: event.fence, outcome };
+            let attempt = Attempt {
+                endpoint: event.endpoint,
+                id: event.id,
+                attempts: event.attempts,
+                fence: event.fence,
+                outcome,
+                took: started.elapsed(),
+            };
             let _ = done.send((number, attempt));
             bell.ring();
         });

@@ -1,0 +1,105 @@
+//! Connecting to the database, and finding the outbox in it: the extension, wherever it is
+//! installed, or the SQL install in the schema given.
+
+use std::str::FromStr;
+
+use postgres::types::Type;
+use postgres::{Client, Config, NoTls};
+
+use outbox_core::statements::qualify;
+
+const FIND_EXTENSION: &str = include_str!("../../sql/find_extension.sql");
+
+/// The schema versions this binary runs against.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("the database URL is not valid: {0}")]
+    Url(postgres::Error),
+    #[error("cannot connect: {0}")]
+    Connect(postgres::Error),
+}
+
+/// Connects to `url` as `application_name` unless the URL names one (pg_stat_activity shows
+/// it). No statement of ours depends on session state: a pooler in transaction mode may give
+/// each transaction another server process. Every statement goes through `query_typed`, an
+/// unnamed statement, never a named prepared one a pooler could not follow.
+pub fn connect(url: &str, application_name: &str) -> Result<Client, ConnectError> {
+    let mut config = Config::from_str(url).map_err(ConnectError::Url)?;
+    if config.get_application_name().is_none() {
+        config.application_name(application_name);
+    }
+    config.connect(NoTls).map_err(ConnectError::Connect)
+}
+
+/// An outbox found in the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outbox {
+    /// Its schema, quoted for use in SQL.
+    pub schema: String,
+    /// The version of its schema.
+    pub version: String,
+    /// The extension's OID: the statements check that it is still the one they were made for
+    /// (a DROP and CREATE EXTENSION gives a new one, and the same ids other events).
+    pub extension: u32,
+}
+
+impl Outbox {
+    /// `sql` naming the outbox's objects by its schema.
+    pub fn qualify(&self, sql: &str) -> String {
+        qualify(sql, &self.schema)
+    }
+
+    /// How this binary's version compares with the schema's.
+    pub fn compatibility(&self) -> Compatibility {
+        match (parse_version(&self.version), parse_version(VERSION)) {
+            (Some(schema), Some(binary)) if schema == binary => Compatibility::Current,
+            (Some(schema), Some(binary)) if schema < binary => Compatibility::Older,
+            _ => Compatibility::Newer,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compatibility {
+    Current,
+    /// The schema waits for `outbox migrate` or `ALTER EXTENSION outbox_ext UPDATE`.
+    Older,
+    /// Written by a newer release than this binary: it must not touch it.
+    Newer,
+}
+
+fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = text.split('.').map(|part| part.parse::<u32>().ok());
+    let version = (parts.next()??, parts.next()??, parts.next()??);
+    parts.next().is_none().then_some(version)
+}
+
+/// The outbox in this database, or `None` while there is none.
+pub fn find_outbox(client: &mut Client) -> Result<Option<Outbox>, postgres::Error> {
+    let Some(row) = client.query_typed_opt(FIND_EXTENSION, &[])? else {
+        return Ok(None);
+    };
+    let schema: String = row.get(0);
+    let quoted: String = client.query_typed_one("SELECT pg_catalog.quote_ident($1)", &[(&schema, Type::TEXT)])?.get(0);
+    Ok(Some(Outbox { schema: quoted, version: row.get(1), extension: row.get(2) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outbox(version: &str) -> Outbox {
+        Outbox { schema: "public".into(), version: version.into(), extension: 1 }
+    }
+
+    #[test]
+    fn a_schema_newer_than_the_binary_is_never_touched() {
+        assert_eq!(outbox(VERSION).compatibility(), Compatibility::Current);
+        assert_eq!(outbox("0.2.0").compatibility(), Compatibility::Older);
+        assert_eq!(outbox("0.10.0").compatibility(), Compatibility::Newer);
+        assert_eq!(outbox("1.0.0").compatibility(), Compatibility::Newer);
+        assert_eq!(outbox("1.0").compatibility(), Compatibility::Newer, "what it cannot read, it does not touch");
+    }
+}

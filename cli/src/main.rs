@@ -1,0 +1,80 @@
+//! `outbox`: the outbox_ext relay outside the server, for databases that load no custom
+//! library (managed PostgreSQL), or beside the extension with `outbox.workers = 0`.
+//!
+//! - `options`: flags, environment variables and the configuration file.
+//! - `connection`: connecting, and finding the outbox and its version.
+//! - `queue`: the relay's statements over a client connection (the core's `Queue`).
+//! - `wake`: signals, LISTEN and polling (the core's `Wake`).
+//! - `metrics`: counters and log lines (the core's `Report`); `health` serves them.
+//! - `relay`: the `relay` command.
+
+mod connection;
+mod health;
+mod metrics;
+mod options;
+mod queue;
+mod relay;
+mod wake;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "outbox", version, about = "The outbox_ext relay, outside the server")]
+struct Cli {
+    /// Read OUTBOX_… variables from this file (one NAME=value per line); the environment and
+    /// the flags win over it.
+    #[arg(long, env = "OUTBOX_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Deliver events to their webhook endpoints, as the extension's workers do.
+    Relay(Box<options::RelayOptions>),
+    /// Print this binary's version and the schema version it runs against.
+    Version,
+}
+
+fn main() -> ExitCode {
+    // The file sets variables the flags then read: before clap parses them.
+    if let Some(path) = config_path() {
+        if let Err(e) = options::load_config_file(&path) {
+            eprintln!("outbox: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Version => {
+            println!("outbox {}\nschema version {}", connection::VERSION, connection::VERSION);
+            ExitCode::SUCCESS
+        }
+        Command::Relay(options) => match relay::run(&options) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("outbox relay: error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// `--config FILE`, `--config=FILE` or `OUTBOX_CONFIG`, looked for before the flags are parsed.
+fn config_path() -> Option<PathBuf> {
+    let mut args = std::env::args_os().skip(1);
+    while let Some(arg) = args.next() {
+        let arg = arg.to_string_lossy().into_owned();
+        if arg == "--config" {
+            return args.next().map(PathBuf::from);
+        }
+        if let Some(path) = arg.strip_prefix("--config=") {
+            return Some(PathBuf::from(path));
+        }
+    }
+    std::env::var_os("OUTBOX_CONFIG").map(PathBuf::from)
+}

@@ -1,0 +1,297 @@
+//! The relay's statements over a client connection. Each runs in a short transaction of its
+//! own, opened with the relay's settings (`SET LOCAL`, so that a pooler in transaction mode
+//! can hand the next transaction to another server process), as unnamed statements. A lost
+//! connection is made again by the next statement.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use postgres::types::{ToSql, Type};
+use postgres::Client;
+
+use crate::connection::{connect, find_outbox, Outbox};
+use crate::metrics::Metrics;
+use outbox_core::endpoints::EndpointRow;
+use outbox_core::queue::{
+    millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, Queue, QueueError,
+};
+use outbox_core::statements::{
+    CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, MARK_SENT,
+    NOTE_UNUSABLE_ENDPOINTS, RECORD_FAILURES, SEQUENCE, SESSION_SETTINGS, UNCOUNT_ABANDONED,
+};
+
+/// The relay's statements for one outbox, with its tables named by their schema.
+struct Statements {
+    begin: String,
+    endpoints_version: String,
+    sequence: String,
+    claim_batch: String,
+    mark_sent: String,
+    record_failures: String,
+    disable_failing_endpoints: String,
+    load_endpoints: String,
+    note_unusable_endpoints: String,
+    delete_expired: String,
+    delete_emptied_events: String,
+    uncount_abandoned: String,
+    retention_lock: String,
+}
+
+pub struct ClientQueue {
+    url: String,
+    client: Option<Client>,
+    outbox: Outbox,
+    statements: Statements,
+    /// Who claims, as `claimed_by` records it (negative: not a server process).
+    claimer: i32,
+    metrics: Arc<Metrics>,
+}
+
+impl ClientQueue {
+    /// The queue of `outbox`, using `client` until it fails.
+    pub fn new(url: &str, client: Client, outbox: Outbox, claimer: i32, metrics: Arc<Metrics>) -> ClientQueue {
+        // The workers' session settings, for this transaction only; but the isolation level is
+        // BEGIN's, and deadlock_timeout is a superuser's to set (the relay's role need not be).
+        let settings: Vec<String> = SESSION_SETTINGS
+            .iter()
+            .filter(|(name, _)| !matches!(*name, "default_transaction_isolation" | "deadlock_timeout"))
+            .map(|(name, value)| format!("pg_catalog.set_config({}, {}, true)", quote_literal(name), quote_literal(value)))
+            .collect();
+        let statements = Statements {
+            begin: format!("BEGIN ISOLATION LEVEL READ COMMITTED; SELECT {}", settings.join(", ")),
+            endpoints_version: outbox.qualify(ENDPOINTS_VERSION),
+            sequence: outbox.qualify(SEQUENCE),
+            claim_batch: outbox.qualify(CLAIM_BATCH),
+            mark_sent: outbox.qualify(MARK_SENT),
+            record_failures: outbox.qualify(RECORD_FAILURES),
+            disable_failing_endpoints: outbox.qualify(DISABLE_FAILING_ENDPOINTS),
+            load_endpoints: outbox.qualify(LOAD_ENDPOINTS),
+            note_unusable_endpoints: outbox.qualify(NOTE_UNUSABLE_ENDPOINTS),
+            delete_expired: outbox.qualify(DELETE_EXPIRED),
+            delete_emptied_events: outbox.qualify(DELETE_EMPTIED_EVENTS),
+            uncount_abandoned: outbox.qualify(UNCOUNT_ABANDONED),
+            // One relay at a time deletes what expired; the others go on delivering.
+            retention_lock: format!(
+                "SELECT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('outbox retention ' OPERATOR(pg_catalog.||) {}))",
+                quote_literal(&outbox.schema)
+            ),
+        };
+        ClientQueue { url: url.to_string(), client: Some(client), outbox, statements, claimer, metrics }
+    }
+
+    /// Runs `body` in a transaction with the relay's settings and commits it. On an error the
+    /// transaction is rolled back (or the connection dropped, if it is lost) and the error says
+    /// whether the outbox is still the one these statements are for.
+    fn transaction<T>(&mut self, body: impl FnOnce(&mut Client, &Statements) -> Result<T, postgres::Error>) -> Result<T, QueueError> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            match connect(&self.url, "outbox relay") {
+                Ok(client) => self.client = Some(client),
+                Err(e) => {
+                    self.client = None;
+                    self.metrics.database_up.store(false, Ordering::Relaxed);
+                    return Err(QueueError::Failed(e.to_string()));
+                }
+            }
+        }
+        let client = self.client.as_mut().expect("connected above");
+        let result = client.batch_execute(&self.statements.begin).and_then(|()| {
+            let value = body(client, &self.statements)?;
+            client.batch_execute("COMMIT")?;
+            Ok(value)
+        });
+        match result {
+            Ok(value) => {
+                self.metrics.database_up.store(true, Ordering::Relaxed);
+                Ok(value)
+            }
+            Err(e) => Err(self.failure(e)),
+        }
+    }
+
+    /// What a failed statement means to the loop: `Gone` if the outbox was dropped or changed
+    /// since (looked up again on the same connection), `Failed` otherwise.
+    fn failure(&mut self, error: postgres::Error) -> QueueError {
+        let message = error_text(&error);
+        let Some(client) = self.client.as_mut().filter(|client| !client.is_closed()) else {
+            self.client = None;
+            self.metrics.database_up.store(false, Ordering::Relaxed);
+            return QueueError::Failed(message);
+        };
+        if client.batch_execute("ROLLBACK").is_err() {
+            self.client = None;
+            return QueueError::Failed(message);
+        }
+        match find_outbox(client) {
+            Ok(Some(outbox)) if outbox == self.outbox => QueueError::Failed(message),
+            Ok(_) => QueueError::Gone,
+            Err(_) => QueueError::Failed(message),
+        }
+    }
+}
+
+/// A database error with its SQLSTATE, or what went wrong with the connection.
+fn error_text(error: &postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => error.to_string(),
+    }
+}
+
+fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+fn endpoints_version(client: &mut Client, statements: &Statements) -> Result<i64, postgres::Error> {
+    Ok(client.query_typed_one(&statements.endpoints_version, &[])?.get(0))
+}
+
+impl Queue for ClientQueue {
+    fn load_endpoints(&mut self, disable_after: Option<Duration>) -> Result<EndpointsRead, QueueError> {
+        self.transaction(|client, statements| {
+            // Read first: a change after this makes the next claim see a newer version.
+            let version = endpoints_version(client, statements)?;
+            let mut disabled = Vec::new();
+            if let Some(after) = disable_after {
+                for row in client.query_typed(&statements.disable_failing_endpoints, &[(&millis(after), Type::FLOAT8)])? {
+                    disabled
+                        .push((row.get::<_, Option<String>>(0).unwrap_or_default(), row.get::<_, Option<String>>(1).unwrap_or_default()));
+                }
+            }
+            let mut endpoints = Vec::new();
+            for row in client.query_typed(&statements.load_endpoints, &[])? {
+                let names: Vec<String> = row.get::<_, Option<_>>(2).unwrap_or_default();
+                let values: Vec<String> = row.get::<_, Option<_>>(3).unwrap_or_default();
+                endpoints.push(EndpointRow {
+                    name: row.get(0),
+                    url: row.get(1),
+                    headers: names.into_iter().zip(values).collect(),
+                    timeout: row.get::<_, Option<f64>>(4).map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1000.0)),
+                    max_attempts: row.get(5),
+                    max_in_flight: row.get(6),
+                    secrets: row.get::<_, Option<_>>(7).unwrap_or_default(),
+                    ordered: row.get::<_, Option<bool>>(8).unwrap_or(false),
+                });
+            }
+            Ok(EndpointsRead { disabled, endpoints, version })
+        })
+    }
+
+    /// With `synchronous_commit = off` (the relay's setting), as the workers claim.
+    fn claim_batch(&mut self, claim: &ClaimArguments, version: i64) -> Result<Option<Vec<ClaimedRow>>, QueueError> {
+        let claimer = self.claimer;
+        self.transaction(|client, statements| {
+            if endpoints_version(client, statements)? != version {
+                return Ok(None);
+            }
+            if !claim.ordered.is_empty() {
+                client.query_typed(&statements.sequence, &[(&claim.ordered, Type::TEXT_ARRAY)])?;
+            }
+            let arguments: [(&(dyn ToSql + Sync), Type); 6] = [
+                (&claim.endpoints, Type::TEXT_ARRAY),
+                (&claim.limits, Type::INT8_ARRAY),
+                (&claim.leases, Type::FLOAT8_ARRAY),
+                (&claim.caps, Type::INT4_ARRAY),
+                (&claim.bytes, Type::INT8),
+                (&claimer, Type::INT4),
+            ];
+            let rows = client.query_typed(&statements.claim_batch, &arguments)?;
+            Ok(Some(
+                rows.iter()
+                    .map(|row| ClaimedRow {
+                        endpoint: row.get(0),
+                        event_id: row.get::<_, Option<i64>>(1).unwrap_or_default(),
+                        attempts: row.get::<_, Option<i32>>(2).unwrap_or_default(),
+                        body: row.get(3),
+                        last_error: row.get(4),
+                        fence: row.get::<_, Option<i32>>(5).unwrap_or_default(),
+                    })
+                    .collect(),
+            ))
+        })
+    }
+
+    /// Durable before the relay goes on: the server's own synchronous_commit, not the relay's.
+    fn mark_sent(&mut self, acks: &AttemptColumns) -> Result<i64, QueueError> {
+        let extension = self.outbox.extension;
+        self.transaction(|client, statements| {
+            client.batch_execute("SET LOCAL synchronous_commit TO DEFAULT")?;
+            let arguments: [(&(dyn ToSql + Sync), Type); 4] = [
+                (&acks.endpoints, Type::TEXT_ARRAY),
+                (&acks.ids, Type::INT8_ARRAY),
+                (&acks.fences, Type::INT4_ARRAY),
+                (&extension, Type::OID),
+            ];
+            let rows = client.query_typed(&statements.mark_sent, &arguments)?;
+            Ok(rows.iter().map(|row| i64::from(row.get::<_, Option<i32>>(1).unwrap_or(0))).sum())
+        })
+    }
+
+    fn record_failures(&mut self, failures: &FailureColumns) -> Result<Vec<DeadDelivery>, QueueError> {
+        let extension = self.outbox.extension;
+        self.transaction(|client, statements| {
+            let attempts = &failures.attempts;
+            let arguments: [(&(dyn ToSql + Sync), Type); 7] = [
+                (&attempts.endpoints, Type::TEXT_ARRAY),
+                (&attempts.ids, Type::INT8_ARRAY),
+                (&attempts.fences, Type::INT4_ARRAY),
+                (&failures.errors, Type::TEXT_ARRAY),
+                (&failures.retry_ms, Type::FLOAT8_ARRAY),
+                (&failures.caps, Type::INT4_ARRAY),
+                (&extension, Type::OID),
+            ];
+            let rows = client.query_typed(&statements.record_failures, &arguments)?;
+            Ok(rows
+                .iter()
+                .filter(|row| row.get::<_, Option<bool>>(3).unwrap_or(false))
+                .map(|row| DeadDelivery {
+                    endpoint: row.get::<_, Option<String>>(0).unwrap_or_default(),
+                    event_id: row.get::<_, Option<i64>>(1).unwrap_or_default(),
+                    attempts: row.get::<_, Option<i32>>(2).unwrap_or_default(),
+                    last_error: row.get::<_, Option<String>>(4).unwrap_or_default(),
+                })
+                .collect())
+        })
+    }
+
+    fn uncount_abandoned(&mut self, abandoned: &AttemptColumns) -> Result<(), QueueError> {
+        let (extension, claimer) = (self.outbox.extension, self.claimer);
+        self.transaction(|client, statements| {
+            // A stopping relay must exit within seconds: if a row is locked, the attempt counts.
+            client.batch_execute("SET LOCAL lock_timeout = '500ms'")?;
+            let arguments: [(&(dyn ToSql + Sync), Type); 5] = [
+                (&abandoned.endpoints, Type::TEXT_ARRAY),
+                (&abandoned.ids, Type::INT8_ARRAY),
+                (&abandoned.fences, Type::INT4_ARRAY),
+                (&extension, Type::OID),
+                (&claimer, Type::INT4),
+            ];
+            client.query_typed(&statements.uncount_abandoned, &arguments)?;
+            Ok(())
+        })
+    }
+
+    fn note_unusable_endpoints(&mut self, names: &[String], reasons: &[String]) -> Result<(), QueueError> {
+        self.transaction(|client, statements| {
+            client.query_typed(&statements.note_unusable_endpoints, &[(&names, Type::TEXT_ARRAY), (&reasons, Type::TEXT_ARRAY)])?;
+            Ok(())
+        })
+    }
+
+    fn delete_expired(&mut self, retention: Option<Duration>, dead_retention: Option<Duration>, limit: usize) -> Result<usize, QueueError> {
+        self.transaction(|client, statements| {
+            if !client.query_typed_one(&statements.retention_lock, &[])?.get::<_, bool>(0) {
+                return Ok(0);
+            }
+            let arguments: [(&(dyn ToSql + Sync), Type); 3] =
+                [(&retention.map(millis), Type::FLOAT8), (&(limit as i64), Type::INT8), (&dead_retention.map(millis), Type::FLOAT8)];
+            let row = client.query_typed_one(&statements.delete_expired, &arguments)?;
+            let (deleted, events): (Option<i64>, Option<Vec<i64>>) = (row.get(0), row.get(1));
+            let events = events.unwrap_or_default();
+            if !events.is_empty() {
+                client.query_typed(&statements.delete_emptied_events, &[(&events, Type::INT8_ARRAY)])?;
+            }
+            Ok(deleted.unwrap_or(0) as usize)
+        })
+    }
+}

@@ -1,0 +1,95 @@
+//! `outbox relay`: finds the outbox, then runs the relay loop of `outbox_core` on it, with a
+//! client connection for the queue; waits while the database cannot be reached or its outbox
+//! is missing or older than this binary; exits at once if it is newer.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::relay::{Asked, Ended, Level, Relay, Wake};
+
+use crate::connection::{connect, find_outbox, Compatibility, Outbox, VERSION};
+use crate::metrics::{say, Metrics, ProcessReport};
+use crate::options::RelayOptions;
+use crate::queue::ClientQueue;
+use crate::wake::ProcessWake;
+
+/// Why the relay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("{0}")]
+    Setup(String),
+    #[error(
+        "the outbox in schema {schema} is version {version}, newer than this relay ({VERSION}): run a relay of version {version} or later"
+    )]
+    SchemaNewer { schema: String, version: String },
+}
+
+pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
+    let settings = options.settings();
+    let metrics = Arc::new(Metrics::default());
+    if let Some(address) = &options.metrics {
+        crate::health::serve(address, metrics.clone()).map_err(RelayError::Setup)?;
+    }
+    let mut wake =
+        ProcessWake::new(options.listen_url.as_deref()).map_err(|e| RelayError::Setup(format!("cannot wait for signals: {e}")))?;
+    // Negative, so that claimed_by never names a server process (sql/claim_batch.sql).
+    let claimer = -(std::process::id() as i32);
+    let url = &options.database.database_url;
+    loop {
+        let Some((client, outbox)) = wait_for_outbox(url, &mut wake, &metrics, settings.poll_interval)? else {
+            return Ok(());
+        };
+        say(Level::Log, &format!("delivering from the outbox in schema {} (version {})", outbox.schema, outbox.version));
+        let queue = ClientQueue::new(url, client, outbox, claimer, metrics.clone());
+        let report = ProcessReport { metrics: metrics.clone() };
+        let relay = Relay::new(queue, &mut wake, report, settings.clone(), true).map_err(|e| RelayError::Setup(e.to_string()))?;
+        match relay.run() {
+            Ended::Asked => return Ok(()),
+            // What was in flight belonged to rows that are gone.
+            Ended::Gone => metrics.schema_supported.store(false, Ordering::Relaxed),
+        }
+    }
+}
+
+/// Connects and finds an outbox this binary runs against; waits (saying why, once) while the
+/// database is unreachable, has no outbox, or an older one. `None` when asked to stop.
+fn wait_for_outbox(
+    url: &str,
+    wake: &mut ProcessWake,
+    metrics: &Metrics,
+    poll_interval: Duration,
+) -> Result<Option<(postgres::Client, Outbox)>, RelayError> {
+    let mut said = String::new();
+    loop {
+        let found = connect(url, "outbox relay").map_err(|e| e.to_string()).and_then(|mut client| {
+            let outbox = find_outbox(&mut client).map_err(|e| format!("cannot look for the outbox: {e}"))?;
+            Ok((client, outbox))
+        });
+        metrics.database_up.store(found.is_ok(), Ordering::Relaxed);
+        let reason = match found {
+            Ok((client, Some(outbox))) => match outbox.compatibility() {
+                Compatibility::Current => {
+                    metrics.schema_supported.store(true, Ordering::Relaxed);
+                    return Ok(Some((client, outbox)));
+                }
+                Compatibility::Newer => return Err(RelayError::SchemaNewer { schema: outbox.schema, version: outbox.version }),
+                Compatibility::Older => format!(
+                    "waiting for the outbox in schema {} to be upgraded from {} to {VERSION} (outbox migrate, or ALTER EXTENSION outbox_ext UPDATE)",
+                    outbox.schema, outbox.version
+                ),
+            },
+            Ok((_, None)) => "waiting for an outbox in this database (outbox migrate, or CREATE EXTENSION outbox_ext)".to_string(),
+            Err(e) => format!("waiting for the database: {e}"),
+        };
+        metrics.schema_supported.store(false, Ordering::Relaxed);
+        if reason != said {
+            say(Level::Log, &reason);
+            said = reason;
+        }
+        wake.wait(-1, poll_interval.max(Duration::from_secs(1)));
+        if matches!(wake.asked(), Asked::Stop) {
+            return Ok(None);
+        }
+    }
+}

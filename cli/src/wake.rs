@@ -1,0 +1,150 @@
+//! How the relay process waits: for a finished request (the sender's doorbell), a commit (a
+//! NOTIFY on `outbox_enqueued`, heard by a thread holding a direct connection, if it has one),
+//! a signal, or its timer.
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::delivery::Doorbell;
+use outbox_core::relay::{Asked, Level, Wake};
+use postgres::fallible_iterator::FallibleIterator;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+
+use crate::connection::connect;
+use crate::metrics::say;
+
+/// The channel an enqueuing commit notifies.
+pub const CHANNEL: &str = "outbox_enqueued";
+
+pub struct ProcessWake {
+    /// Rung by the listener thread at each notification.
+    commits: Option<Arc<Doorbell>>,
+    /// Set by the listener thread when it (re)connects: commits may have gone unheard.
+    relistened: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    hangup: Arc<AtomicBool>,
+    /// Readable once a signal arrived, so that a wait ends at once.
+    signalled: UnixStream,
+}
+
+impl ProcessWake {
+    /// Catches SIGTERM, SIGINT and SIGHUP, and starts listening on `listen_url` if given.
+    pub fn new(listen_url: Option<&str>) -> std::io::Result<ProcessWake> {
+        let (signalled, signal_sender) = UnixStream::pair()?;
+        signalled.set_nonblocking(true)?;
+        let (stop, hangup) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        for signal in [SIGTERM, SIGINT] {
+            signal_hook::flag::register(signal, stop.clone())?;
+            signal_hook::low_level::pipe::register(signal, signal_sender.try_clone()?)?;
+        }
+        signal_hook::flag::register(SIGHUP, hangup.clone())?;
+        signal_hook::low_level::pipe::register(SIGHUP, signal_sender)?;
+        let relistened = Arc::new(AtomicBool::new(false));
+        let commits = match listen_url {
+            Some(url) => {
+                let bell = Arc::new(Doorbell::new()?);
+                start_listener(url.to_string(), bell.clone(), relistened.clone())?;
+                Some(bell)
+            }
+            None => None,
+        };
+        Ok(ProcessWake { commits, relistened, stop, hangup, signalled })
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+impl Wake for ProcessWake {
+    /// The NOTIFY arrives whether or not the relay can claim; only a reconnected listener
+    /// means commits may have gone unheard.
+    fn listen(&mut self, _can_claim: bool) -> bool {
+        self.relistened.swap(false, Ordering::Relaxed)
+    }
+
+    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool {
+        let commits = self.commits.as_ref().map_or(-1, |bell| bell.fd());
+        let mut fds = [doorbell, commits, self.signalled.as_raw_fd()].map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: three pollfd structs the call may write; a negative fd is ignored.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
+        if fds[2].revents != 0 {
+            let mut drained = [0u8; 64];
+            while matches!((&self.signalled).read(&mut drained), Ok(n) if n > 0) {}
+        }
+        let committed = fds[1].revents != 0;
+        if let Some(bell) = self.commits.as_ref().filter(|_| committed) {
+            bell.clear();
+        }
+        committed
+    }
+
+    fn asked(&mut self) -> Asked {
+        if self.stop.load(Ordering::Relaxed) {
+            return Asked::Stop;
+        }
+        if self.hangup.swap(false, Ordering::Relaxed) {
+            say(Level::Log, "SIGHUP: the relay reads its configuration when it starts; restart it to apply a change");
+        }
+        Asked::Nothing
+    }
+}
+
+impl Wake for &mut ProcessWake {
+    fn listen(&mut self, can_claim: bool) -> bool {
+        (**self).listen(can_claim)
+    }
+
+    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool {
+        (**self).wait(doorbell, timeout)
+    }
+
+    fn asked(&mut self) -> Asked {
+        (**self).asked()
+    }
+}
+
+/// A thread that LISTENs on its own connection and rings `bell` at each notification; when the
+/// connection is lost it connects again (every second at most) and says so through
+/// `relistened`, since commits made meanwhile were not heard.
+fn start_listener(url: String, bell: Arc<Doorbell>, relistened: Arc<AtomicBool>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("outbox-listen".into()).spawn(move || {
+        let mut said = String::new();
+        loop {
+            let error = match connect(&url, "outbox relay listener") {
+                Ok(mut client) => match client.batch_execute(&format!("LISTEN {CHANNEL}")) {
+                    Ok(()) => {
+                        if !said.is_empty() {
+                            say(Level::Log, "listening for commits again");
+                            said.clear();
+                        }
+                        relistened.store(true, Ordering::Relaxed);
+                        bell.ring();
+                        let mut notifications = client.notifications();
+                        let mut heard = notifications.blocking_iter();
+                        loop {
+                            match heard.next() {
+                                Ok(Some(_)) => bell.ring(),
+                                Ok(None) => break "the connection closed".to_string(),
+                                Err(e) => break e.to_string(),
+                            }
+                        }
+                    }
+                    Err(e) => e.to_string(),
+                },
+                Err(e) => e.to_string(),
+            };
+            if error != said {
+                say(Level::Warning, &format!("cannot listen for commits (polling meanwhile): {error}"));
+                said = error;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    })?;
+    Ok(())
+}
