@@ -437,7 +437,7 @@ def mark_sent(claims):
         .replace("$1", "'{" + ",".join("default" for _ in claims) + "}'::text[]")
         .replace("$2", "'{" + ",".join(event_id for event_id, _ in claims) + "}'::bigint[]")
         .replace("$3", "'{" + ",".join(fence for _, fence in claims) + "}'::integer[]")
-        .replace("$4", "(SELECT oid FROM pg_extension WHERE extname = 'outbox_ext')"))
+        .replace("$4", "'public.outbox_deliveries'::regclass::oid"))
 
 
 def run_sql_claimer(claim, record, enqueued, pause=0.0):

@@ -92,6 +92,7 @@ fn claims_are_served_by_the_partial_index() {
         version: LIBRARY_VERSION.into(),
         oid: pgrx::pg_sys::InvalidOid,
         namespace: pgrx::pg_sys::InvalidOid,
+        deliveries: pgrx::pg_sys::InvalidOid,
     };
     db.execute(&format!(
         "BEGIN; PREPARE claim(text[], bigint[], float8[], integer[], bigint, integer) AS {}",

@@ -229,6 +229,7 @@ fn claims_never_read_the_deliveries_waiting_behind_their_keys() {
         version: LIBRARY_VERSION.into(),
         oid: pgrx::pg_sys::InvalidOid,
         namespace: pgrx::pg_sys::InvalidOid,
+        deliveries: pgrx::pg_sys::InvalidOid,
     };
     db.execute(&format!(
         "BEGIN; UPDATE outbox_endpoints SET kind = 'webhook', url = 'http://127.0.0.1:9/' WHERE name = 'jobs';

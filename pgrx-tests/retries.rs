@@ -68,7 +68,7 @@ fn the_relay_records_an_outcome_only_while_its_claim_is_the_latest_even_after_a_
     db.execute(&format!("SELECT outbox_requeue({id}, 'fenced-relay')"));
     let second: i32 = db.value(&claim);
     assert_ne!(first, second, "the claim after a requeue has a fence of its own");
-    let extension: u32 = db.value("SELECT oid FROM pg_extension WHERE extname = 'outbox_ext'");
+    let extension: u32 = db.value("SELECT 'outbox_deliveries'::regclass::oid");
     let endpoints = vec!["fenced-relay".to_string()];
 
     // The first attempt's failure and success arrive late: neither touches the live claim.

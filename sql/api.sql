@@ -6,51 +6,6 @@
 -- it, can do nothing through it but what it says, and nothing that role (or anyone) created
 -- can run inside it. EXECUTE is granted to nobody by default: see the README's GRANT recipes.
 
--- Written in Rust (src/api.rs): it checks a setting and wakes the workers at commit. Its
--- statements (sql/enqueue.sql, sql/route.sql and those they name) name every object by schema
--- instead of pinning search_path, which would cost each call a settings save and restore.
-CREATE OR REPLACE FUNCTION @extschema@.outbox_enqueue(
-    topic text,
-    payload jsonb,
-    key text DEFAULT NULL,
-    deliver_at timestamptz DEFAULT NULL)
-RETURNS bigint
-LANGUAGE c
-VOLATILE PARALLEL UNSAFE
-SECURITY DEFINER
-AS 'MODULE_PATHNAME', 'enqueue_wrapper';
-
--- Written in Rust: reads the workers' shared memory.
-CREATE OR REPLACE FUNCTION @extschema@.outbox_workers()
-RETURNS TABLE (
-    worker integer,
-    pid integer,
-    settings_loaded_at timestamptz,
-    in_flight bigint,
-    delivered bigint,
-    failed bigint)
-LANGUAGE c
-VOLATILE PARALLEL UNSAFE
-AS 'MODULE_PATHNAME', 'outbox_workers_wrapper';
-
--- Written in Rust: monitoring counters in shared memory, since the server started. Attempts
--- per relay worker and outcome class (2xx, 4xx, 5xx, other_status, timeout, unreachable);
--- events enqueued by committed transactions. See monitoring/ and the README's "Monitoring".
-CREATE OR REPLACE FUNCTION @extschema@.outbox_worker_attempts()
-RETURNS TABLE (
-    worker integer,
-    outcome text,
-    attempts bigint)
-LANGUAGE c
-VOLATILE PARALLEL UNSAFE
-AS 'MODULE_PATHNAME', 'outbox_worker_attempts_wrapper';
-
-CREATE OR REPLACE FUNCTION @extschema@.outbox_enqueued()
-RETURNS bigint
-LANGUAGE c
-VOLATILE PARALLEL UNSAFE
-AS 'MODULE_PATHNAME', 'outbox_enqueued_wrapper';
-
 -- The patterns that match a topic: '*', the topic itself, and 'prefix.*' at each dot
 -- ('order.a.b' gives {*, order.a.b, order.*, order.a.*}). An endpoint is subscribed to an
 -- event when its topics share one with them (&&): one array comparison per endpoint, the
@@ -282,10 +237,6 @@ AS $$
 $$;
 
 -- PostgreSQL lets PUBLIC execute every new function; take that back.
-REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, timestamptz) FROM PUBLIC;
-REVOKE ALL ON FUNCTION @extschema@.outbox_workers() FROM PUBLIC;
-REVOKE ALL ON FUNCTION @extschema@.outbox_worker_attempts() FROM PUBLIC;
-REVOKE ALL ON FUNCTION @extschema@.outbox_enqueued() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_topic_patterns(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_mark_processed(bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_requeue(bigint, text) FROM PUBLIC;

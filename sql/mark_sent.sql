@@ -4,8 +4,9 @@
 -- lease ran out), or requeued or replayed and claimed again, belongs to the newer claim, which
 -- records its own outcome. The same statement counts them, notes each endpoint's
 -- success and moves ordered keys on, as a consumer's ack does (sql/pull.sql).
--- $4 is the extension the deliveries were claimed from: if it was dropped and created again
--- since, these ids now name other events, and nothing is marked.
+-- $4 is the OID of the outbox_deliveries table the deliveries were claimed from: if the outbox
+-- was dropped and created again since (as an extension or by `outbox migrate`), these ids now
+-- name other events, and nothing is marked.
 WITH sent AS (
     UPDATE @extschema@.outbox_deliveries AS d
        SET sent_at = now(),
@@ -17,7 +18,7 @@ WITH sent AS (
        AND d.endpoint = a.endpoint
        AND d.fence = a.fence
        AND d.sent_at IS NULL
-       AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $4)
+       AND EXISTS (SELECT FROM pg_catalog.pg_class WHERE oid = $4)
     RETURNING d.endpoint, d.event_id, d.key
 )
 -- In endpoint order, so that two workers lock the counter and endpoint rows in the same order.

@@ -5,7 +5,8 @@
 -- deliveries claimed again since this attempt started, also after a requeue or replay gave
 -- them a fresh budget of attempts: the newer claim owns them.
 -- Each endpoint's health notes the failure (failing_since keeps the first one since the last
--- success). $7 is the extension the deliveries were claimed from, as in mark_sent.sql.
+-- success). $7 is the outbox_deliveries table the deliveries were claimed from, as in
+-- mark_sent.sql.
 WITH failed AS (
     UPDATE @extschema@.outbox_deliveries AS d
        SET last_error   = f.error,
@@ -20,7 +21,7 @@ WITH failed AS (
        AND d.fence = f.fence
        AND d.sent_at IS NULL
        AND d.dead_at IS NULL
-       AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $7)
+       AND EXISTS (SELECT FROM pg_catalog.pg_class WHERE oid = $7)
     RETURNING d.endpoint, d.event_id, d.attempts, d.dead_at IS NOT NULL AS dead, d.last_error
 ), health AS (
     UPDATE @extschema@.outbox_endpoints AS e
@@ -33,7 +34,7 @@ WITH failed AS (
        AND e.name IN (SELECT h.name
                         FROM @extschema@.outbox_endpoints AS h
                        WHERE h.name = ANY ($1)
-                         AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $7)
+                         AND EXISTS (SELECT FROM pg_catalog.pg_class WHERE oid = $7)
                          FOR NO KEY UPDATE SKIP LOCKED)
 )
 SELECT endpoint, event_id, attempts, dead, last_error

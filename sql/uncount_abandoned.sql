@@ -4,8 +4,8 @@
 -- abandoned request may still reach its receiver; once the lease runs out it is attempted
 -- again, even if this was its last allowed attempt (sql/claim_batch.sql would otherwise make
 -- it dead: a restart is no reason to give up on a delivery). Only this relay's current
--- claims of deliveries still undecided are touched. $4 is the extension the deliveries were
--- claimed from, as in mark_sent.sql.
+-- claims of deliveries still undecided are touched. $4 is the outbox_deliveries table the
+-- deliveries were claimed from, as in mark_sent.sql.
 UPDATE @extschema@.outbox_deliveries AS d
    SET attempts = d.attempts - 1
   FROM unnest($1::text[], $2::bigint[], $3::integer[]) AS a (endpoint, event_id, fence)
@@ -16,4 +16,4 @@ UPDATE @extschema@.outbox_deliveries AS d
    AND d.claimed_by = $5
    AND d.sent_at IS NULL
    AND d.dead_at IS NULL
-   AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE oid = $4)
+   AND EXISTS (SELECT FROM pg_catalog.pg_class WHERE oid = $4)

@@ -19,6 +19,9 @@ pub struct Installation {
     pub oid: pgrx::pg_sys::Oid,
     /// The schema's OID.
     pub namespace: pgrx::pg_sys::Oid,
+    /// The outbox_deliveries table's OID, which the relay's statements check: a new one after
+    /// DROP and CREATE EXTENSION.
+    pub deliveries: pgrx::pg_sys::Oid,
 }
 
 impl Installation {
@@ -35,6 +38,7 @@ impl Installation {
             version: version.unwrap_or_default(),
             oid: row.get::<pgrx::pg_sys::Oid>(3)?.unwrap_or(pgrx::pg_sys::InvalidOid),
             namespace: row.get::<pgrx::pg_sys::Oid>(4)?.unwrap_or(pgrx::pg_sys::InvalidOid),
+            deliveries: row.get::<pgrx::pg_sys::Oid>(5)?.unwrap_or(pgrx::pg_sys::InvalidOid),
         }))
     }
 

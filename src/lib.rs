@@ -36,13 +36,16 @@ mod e2e;
 
 ::pgrx::pg_module_magic!(name, version);
 
-// The schema, in the order a fresh install runs it; sql/updates/ reuses the later files.
+// The schema, in the order a fresh install runs it; sql/updates/ reuses the later files, and
+// `outbox migrate` runs the same files (cli/src/script.rs), with sql/sql_install.sql in place of
+// sql/library.sql.
 extension_sql_file!("../sql/schema.sql", bootstrap);
 extension_sql_file!("../sql/deliveries.sql", name = "deliveries");
 extension_sql_file!("../sql/ordering.sql", name = "ordering", requires = ["deliveries"]);
 extension_sql_file!("../sql/endpoints_version.sql", name = "endpoints_version", requires = ["deliveries"]);
 extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["ordering", "endpoints_version"]);
 extension_sql_file!("../sql/pull.sql", name = "pull", requires = ["endpoints"]);
+extension_sql_file!("../sql/library.sql", name = "library", requires = ["pull"]);
 extension_sql_file!("../sql/api.sql", finalize);
 
 #[pg_guard]

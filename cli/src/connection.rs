@@ -40,9 +40,10 @@ pub struct Outbox {
     pub schema: String,
     /// The version of its schema.
     pub version: String,
-    /// The extension's OID: the statements check that it is still the one they were made for
-    /// (a DROP and CREATE EXTENSION gives a new one, and the same ids other events).
-    pub extension: u32,
+    /// Its outbox_deliveries table's OID: the statements check that it is still the one they
+    /// were made for (dropping and installing the outbox again gives a new one, and the same
+    /// ids other events).
+    pub deliveries: u32,
 }
 
 impl Outbox {
@@ -76,14 +77,38 @@ fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
     parts.next().is_none().then_some(version)
 }
 
-/// The outbox in this database, or `None` while there is none.
-pub fn find_outbox(client: &mut Client) -> Result<Option<Outbox>, postgres::Error> {
-    let Some(row) = client.query_typed_opt(FIND_EXTENSION, &[])? else {
+/// Whether `version` is one this binary is older than (or cannot read).
+pub fn newer_than_binary(version: &str) -> bool {
+    match (parse_version(version), parse_version(VERSION)) {
+        (Some(schema), Some(binary)) => schema > binary,
+        _ => true,
+    }
+}
+
+/// The extension's schema and version, if this database has it.
+pub fn find_extension(client: &mut Client) -> Result<Option<(String, String)>, postgres::Error> {
+    Ok(client.query_typed_opt(FIND_EXTENSION, &[])?.map(|row| (row.get(0), row.get(1))))
+}
+
+/// The outbox in this database: the extension wherever it is, else the SQL install in
+/// `schema`; `None` while there is neither.
+pub fn find_outbox(client: &mut Client, schema: &str) -> Result<Option<Outbox>, postgres::Error> {
+    if let Some(row) = client.query_typed_opt(FIND_EXTENSION, &[])? {
+        let name: String = row.get(0);
+        return Ok(Some(Outbox { schema: quote_ident(client, &name)?, version: row.get(1), deliveries: row.get(4) }));
+    }
+    let schema = quote_ident(client, schema)?;
+    let Some(version) = crate::migrate::applied_version(client, &schema)? else {
         return Ok(None);
     };
-    let schema: String = row.get(0);
-    let quoted: String = client.query_typed_one("SELECT pg_catalog.quote_ident($1)", &[(&schema, Type::TEXT)])?.get(0);
-    Ok(Some(Outbox { schema: quoted, version: row.get(1), extension: row.get(2) }))
+    let deliveries: Option<u32> = client
+        .query_typed_one("SELECT pg_catalog.to_regclass($1)::pg_catalog.oid", &[(&format!("{schema}.outbox_deliveries"), Type::TEXT)])?
+        .get(0);
+    Ok(Some(Outbox { schema, version, deliveries: deliveries.unwrap_or(0) }))
+}
+
+pub fn quote_ident(client: &mut Client, name: &str) -> Result<String, postgres::Error> {
+    Ok(client.query_typed_one("SELECT pg_catalog.quote_ident($1)", &[(&name, Type::TEXT)])?.get(0))
 }
 
 #[cfg(test)]
@@ -91,7 +116,7 @@ mod tests {
     use super::*;
 
     fn outbox(version: &str) -> Outbox {
-        Outbox { schema: "public".into(), version: version.into(), extension: 1 }
+        Outbox { schema: "public".into(), version: version.into(), deliveries: 1 }
     }
 
     #[test]

@@ -7,13 +7,16 @@
 //! - `wake`: signals, LISTEN and polling (the core's `Wake`).
 //! - `metrics`: counters and log lines (the core's `Report`); `health` serves them.
 //! - `relay`: the `relay` command.
+//! - `migrate`: the `migrate` command; `script` makes its scripts from the extension's.
 
 mod connection;
 mod health;
 mod metrics;
+mod migrate;
 mod options;
 mod queue;
 mod relay;
+mod script;
 mod wake;
 
 use std::path::PathBuf;
@@ -36,6 +39,18 @@ struct Cli {
 enum Command {
     /// Deliver events to their webhook endpoints, as the extension's workers do.
     Relay(Box<options::RelayOptions>),
+    /// Install the outbox as plain SQL into a schema, or upgrade it: no extension, no
+    /// superuser (CREATE on the database is enough).
+    Migrate {
+        #[command(flatten)]
+        database: options::DatabaseOptions,
+        /// Print the SQL each step would run, and run nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Stop at this version (default: this binary's).
+        #[arg(long)]
+        to: Option<String>,
+    },
     /// Print this binary's version and the schema version it runs against.
     Version,
 }
@@ -54,6 +69,13 @@ fn main() -> ExitCode {
             println!("outbox {}\nschema version {}", connection::VERSION, connection::VERSION);
             ExitCode::SUCCESS
         }
+        Command::Migrate { database, dry_run, to } => match migrate::run(&database, to.as_deref(), dry_run) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("outbox migrate: error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Relay(options) => match relay::run(&options) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -42,6 +42,8 @@ pub struct ClientQueue {
     url: String,
     client: Option<Client>,
     outbox: Outbox,
+    /// The schema of a SQL install, as `--schema` gives it (for looking the outbox up again).
+    sql_schema: String,
     statements: Statements,
     /// Who claims, as `claimed_by` records it (negative: not a server process).
     claimer: i32,
@@ -50,7 +52,7 @@ pub struct ClientQueue {
 
 impl ClientQueue {
     /// The queue of `outbox`, using `client` until it fails.
-    pub fn new(url: &str, client: Client, outbox: Outbox, claimer: i32, metrics: Arc<Metrics>) -> ClientQueue {
+    pub fn new(url: &str, client: Client, outbox: Outbox, sql_schema: &str, claimer: i32, metrics: Arc<Metrics>) -> ClientQueue {
         // The workers' session settings, for this transaction only; but the isolation level is
         // BEGIN's, and deadlock_timeout is a superuser's to set (the relay's role need not be).
         let settings: Vec<String> = SESSION_SETTINGS
@@ -77,7 +79,7 @@ impl ClientQueue {
                 quote_literal(&outbox.schema)
             ),
         };
-        ClientQueue { url: url.to_string(), client: Some(client), outbox, statements, claimer, metrics }
+        ClientQueue { url: url.to_string(), client: Some(client), outbox, sql_schema: sql_schema.to_string(), statements, claimer, metrics }
     }
 
     /// Runs `body` in a transaction with the relay's settings and commits it. On an error the
@@ -122,7 +124,7 @@ impl ClientQueue {
             self.client = None;
             return QueueError::Failed(message);
         }
-        match find_outbox(client) {
+        match find_outbox(client, &self.sql_schema) {
             Ok(Some(outbox)) if outbox == self.outbox => QueueError::Failed(message),
             Ok(_) => QueueError::Gone,
             Err(_) => QueueError::Failed(message),
@@ -213,14 +215,14 @@ impl Queue for ClientQueue {
 
     /// Durable before the relay goes on: the server's own synchronous_commit, not the relay's.
     fn mark_sent(&mut self, acks: &AttemptColumns) -> Result<i64, QueueError> {
-        let extension = self.outbox.extension;
+        let deliveries = self.outbox.deliveries;
         self.transaction(|client, statements| {
             client.batch_execute("SET LOCAL synchronous_commit TO DEFAULT")?;
             let arguments: [(&(dyn ToSql + Sync), Type); 4] = [
                 (&acks.endpoints, Type::TEXT_ARRAY),
                 (&acks.ids, Type::INT8_ARRAY),
                 (&acks.fences, Type::INT4_ARRAY),
-                (&extension, Type::OID),
+                (&deliveries, Type::OID),
             ];
             let rows = client.query_typed(&statements.mark_sent, &arguments)?;
             Ok(rows.iter().map(|row| i64::from(row.get::<_, Option<i32>>(1).unwrap_or(0))).sum())
@@ -228,7 +230,7 @@ impl Queue for ClientQueue {
     }
 
     fn record_failures(&mut self, failures: &FailureColumns) -> Result<Vec<DeadDelivery>, QueueError> {
-        let extension = self.outbox.extension;
+        let deliveries = self.outbox.deliveries;
         self.transaction(|client, statements| {
             let attempts = &failures.attempts;
             let arguments: [(&(dyn ToSql + Sync), Type); 7] = [
@@ -238,7 +240,7 @@ impl Queue for ClientQueue {
                 (&failures.errors, Type::TEXT_ARRAY),
                 (&failures.retry_ms, Type::FLOAT8_ARRAY),
                 (&failures.caps, Type::INT4_ARRAY),
-                (&extension, Type::OID),
+                (&deliveries, Type::OID),
             ];
             let rows = client.query_typed(&statements.record_failures, &arguments)?;
             Ok(rows
@@ -255,7 +257,7 @@ impl Queue for ClientQueue {
     }
 
     fn uncount_abandoned(&mut self, abandoned: &AttemptColumns) -> Result<(), QueueError> {
-        let (extension, claimer) = (self.outbox.extension, self.claimer);
+        let (deliveries, claimer) = (self.outbox.deliveries, self.claimer);
         self.transaction(|client, statements| {
             // A stopping relay must exit within seconds: if a row is locked, the attempt counts.
             client.batch_execute("SET LOCAL lock_timeout = '500ms'")?;
@@ -263,7 +265,7 @@ impl Queue for ClientQueue {
                 (&abandoned.endpoints, Type::TEXT_ARRAY),
                 (&abandoned.ids, Type::INT8_ARRAY),
                 (&abandoned.fences, Type::INT4_ARRAY),
-                (&extension, Type::OID),
+                (&deliveries, Type::OID),
                 (&claimer, Type::INT4),
             ];
             client.query_typed(&statements.uncount_abandoned, &arguments)?;

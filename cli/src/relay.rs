@@ -35,13 +35,13 @@ pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
         ProcessWake::new(options.listen_url.as_deref()).map_err(|e| RelayError::Setup(format!("cannot wait for signals: {e}")))?;
     // Negative, so that claimed_by never names a server process (sql/claim_batch.sql).
     let claimer = -(std::process::id() as i32);
-    let url = &options.database.database_url;
+    let (url, schema) = (&options.database.database_url, &options.database.schema);
     loop {
-        let Some((client, outbox)) = wait_for_outbox(url, &mut wake, &metrics, settings.poll_interval)? else {
+        let Some((client, outbox)) = wait_for_outbox(url, schema, &mut wake, &metrics, settings.poll_interval)? else {
             return Ok(());
         };
         say(Level::Log, &format!("delivering from the outbox in schema {} (version {})", outbox.schema, outbox.version));
-        let queue = ClientQueue::new(url, client, outbox, claimer, metrics.clone());
+        let queue = ClientQueue::new(url, client, outbox, schema, claimer, metrics.clone());
         let report = ProcessReport { metrics: metrics.clone() };
         let relay = Relay::new(queue, &mut wake, report, settings.clone(), true).map_err(|e| RelayError::Setup(e.to_string()))?;
         match relay.run() {
@@ -56,6 +56,7 @@ pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
 /// database is unreachable, has no outbox, or an older one. `None` when asked to stop.
 fn wait_for_outbox(
     url: &str,
+    schema: &str,
     wake: &mut ProcessWake,
     metrics: &Metrics,
     poll_interval: Duration,
@@ -63,7 +64,7 @@ fn wait_for_outbox(
     let mut said = String::new();
     loop {
         let found = connect(url, "outbox relay").map_err(|e| e.to_string()).and_then(|mut client| {
-            let outbox = find_outbox(&mut client).map_err(|e| format!("cannot look for the outbox: {e}"))?;
+            let outbox = find_outbox(&mut client, schema).map_err(|e| format!("cannot look for the outbox: {e}"))?;
             Ok((client, outbox))
         });
         metrics.database_up.store(found.is_ok(), Ordering::Relaxed);
@@ -79,7 +80,9 @@ fn wait_for_outbox(
                     outbox.schema, outbox.version
                 ),
             },
-            Ok((_, None)) => "waiting for an outbox in this database (outbox migrate, or CREATE EXTENSION outbox_ext)".to_string(),
+            Ok((_, None)) => {
+                format!("waiting for an outbox in this database (outbox migrate --schema {schema}, or CREATE EXTENSION outbox_ext)")
+            }
             Err(e) => format!("waiting for the database: {e}"),
         };
         metrics.schema_supported.store(false, Ordering::Relaxed);

@@ -208,8 +208,12 @@ impl Queue for Queries {
                 // Durable before the worker goes on: an acknowledged delivery is not sent again
                 // after a crash. The server's own setting, not the session's (prepare_session).
                 client.update("SET LOCAL synchronous_commit TO DEFAULT", None, &[])?;
-                let args =
-                    [acks.endpoints.clone().into(), acks.ids.clone().into(), acks.fences.clone().into(), self.installation.oid.into()];
+                let args = [
+                    acks.endpoints.clone().into(),
+                    acks.ids.clone().into(),
+                    acks.fences.clone().into(),
+                    self.installation.deliveries.into(),
+                ];
                 let mut released = 0;
                 for row in client.update(&self.mark_sent, None, &args)? {
                     released += i64::from(row.get::<i32>(2)?.unwrap_or(0));
@@ -231,7 +235,7 @@ impl Queue for Queries {
                     failures.errors.clone().into(),
                     failures.retry_ms.clone().into(),
                     failures.caps.clone().into(),
-                    self.installation.oid.into(),
+                    self.installation.deliveries.into(),
                 ];
                 let mut dead = Vec::new();
                 for row in client.update(&self.record_failures, None, &args)? {
@@ -259,7 +263,7 @@ impl Queue for Queries {
                     abandoned.endpoints.clone().into(),
                     abandoned.ids.clone().into(),
                     abandoned.fences.clone().into(),
-                    self.installation.oid.into(),
+                    self.installation.deliveries.into(),
                     claimer().into(),
                 ];
                 client.update(self.uncount_abandoned.as_str(), None, &args)?;
