@@ -24,7 +24,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 # The relay's core (core/, no pgrx) and the outbox binary (cli/): their unit and property tests
 # need no PostgreSQL.
-cargo test -p outbox_core -p outbox
+cargo test -p outbox_core
+cargo test -p outbox --bins
 
 . scripts/cluster.sh
 install_released_scripts
@@ -45,6 +46,10 @@ RUST_TEST_THREADS=1 cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGDATA_DIR" "$
 # The fault-injection suite: crashes, restarts, shutdowns and receiver failures under load, with
 # the relay workers and with `outbox relay` processes.
 faults/run.sh
+
+# The outbox binary against a real cluster: migrate as a role with only CREATE, doctor, and the
+# relay on the SQL install.
+cli/test.sh
 
 # The pull-consumer clients in Python, Node and Java, through the same scenarios.
 clients/test.sh

@@ -20,8 +20,10 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    max_payload_bytes bigint := coalesce(nullif(current_setting('outbox.max_payload_bytes', true), '')::bigint, 1048576);
-    horizon_s bigint := coalesce(nullif(current_setting('outbox.deliver_at_horizon', true), '')::bigint, 7776000);
+    -- The settings as the library reads them, if it is loaded (which shows them with units) or
+    -- set as placeholders; else the library's defaults.
+    max_payload_bytes bigint := pg_size_bytes(coalesce(nullif(current_setting('outbox.max_payload_bytes', true), ''), '1MB'));
+    horizon_s bigint := extract(epoch FROM coalesce(nullif(current_setting('outbox.deliver_at_horizon', true), ''), '90d')::interval);
     size bigint;
     event_id bigint;
     deliveries bigint;

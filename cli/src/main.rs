@@ -8,8 +8,10 @@
 //! - `metrics`: counters and log lines (the core's `Report`); `health` serves them.
 //! - `relay`: the `relay` command.
 //! - `migrate`: the `migrate` command; `script` makes its scripts from the extension's.
+//! - `doctor`: the `doctor` command.
 
 mod connection;
+mod doctor;
 mod health;
 mod metrics;
 mod migrate;
@@ -51,6 +53,9 @@ enum Command {
         #[arg(long)]
         to: Option<String>,
     },
+    /// Compare the outbox in a database with what its version should be; exit 2 on any
+    /// difference.
+    Doctor(options::DatabaseOptions),
     /// Print this binary's version and the schema version it runs against.
     Version,
 }
@@ -73,6 +78,21 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("outbox migrate: error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Doctor(database) => match doctor::run(&database) {
+            Ok((schema, version, drift)) if drift.is_empty() => {
+                println!("outbox doctor: the outbox in schema {schema} is as version {version} installs it");
+                ExitCode::SUCCESS
+            }
+            Ok((schema, version, drift)) => {
+                println!("outbox doctor: the outbox in schema {schema} differs from version {version} in {} ways:", drift.len());
+                drift.iter().for_each(|d| println!("  {d}"));
+                ExitCode::from(2)
+            }
+            Err(e) => {
+                eprintln!("outbox doctor: error: {e}");
                 ExitCode::FAILURE
             }
         },

@@ -93,7 +93,7 @@ pub fn run(options: &DatabaseOptions, target: Option<&str>, dry_run: bool) -> Re
             None => eprintln!("outbox migrate: installing version {} into schema {schema}", step.to),
             Some(from) => eprintln!("outbox migrate: upgrading schema {schema} from {from} to {}", step.to),
         }
-        if apply(&mut client, &step, &schema)? {
+        if apply(&mut client, &step, &schema, &options.schema)? {
             eprintln!("outbox migrate: version {} done in {:.1} s", step.to, started.elapsed().as_secs_f64());
         }
     }
@@ -163,19 +163,19 @@ fn record(step: &Step, schema: &str) -> String {
 
 /// Applies `step` in one transaction, under the advisory lock; false if another migrate got
 /// there first (the version is no longer the step's starting one).
-fn apply(client: &mut Client, step: &Step, schema: &str) -> Result<bool, MigrateError> {
+fn apply(client: &mut Client, step: &Step, schema: &str, schema_name: &str) -> Result<bool, MigrateError> {
     let mut transaction = client.transaction()?;
     transaction.batch_execute("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('outbox migrate'))")?;
-    let current = {
-        let exists: bool = transaction
-            .query_typed_one("SELECT pg_catalog.to_regclass($1) IS NOT NULL", &[(&format!("{schema}.outbox_migrations"), Type::TEXT)])?
-            .get(0);
-        if exists {
-            newest(&mut transaction, schema)?
-        } else {
-            None
-        }
-    };
+    // Read from pg_class with this statement's snapshot: the table may have been created by
+    // the migrate this one waited for, which the name caches need not know yet.
+    let exists: bool = transaction
+        .query_typed_one(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                             WHERE c.relname OPERATOR(pg_catalog.=) 'outbox_migrations' AND n.nspname OPERATOR(pg_catalog.=) $1)",
+            &[(&schema_name, Type::TEXT)],
+        )?
+        .get(0);
+    let current = if exists { newest(&mut transaction, schema)? } else { None };
     if current != step.from {
         return Ok(false);
     }

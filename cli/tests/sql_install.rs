@@ -1,0 +1,211 @@
+//! The SQL install as a managed server has it: `outbox migrate` run by a role with nothing but
+//! CREATE on the database, the relay connecting as another role, against a real cluster.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const DESCRIBE: &str = include_str!("../../sql/describe.sql");
+const LIBRARY_FUNCTIONS: [&str; 4] = ["outbox_enqueue", "outbox_workers", "outbox_worker_attempts", "outbox_enqueued"];
+
+fn describe(client: &mut postgres::Client, schema: &str, members_only: bool) -> Vec<String> {
+    let by_signature: Vec<String> = LIBRARY_FUNCTIONS.map(String::from).to_vec();
+    client.query(DESCRIBE, &[&schema, &by_signature, &members_only]).unwrap().iter().map(|row| row.get(0)).collect()
+}
+
+#[test]
+fn migrate_installs_as_a_role_with_only_create_what_create_extension_installs() {
+    let mut sql = fresh_database("outbox_t_sql");
+    let superuser: bool = sql.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = 'outbox_owner'", &[]).unwrap().get(0);
+    assert!(!superuser, "the owner is an ordinary role");
+    let said = migrate("outbox_t_sql", &[]);
+    assert!(said.contains("installing version 0.3.0 into schema outbox"), "{said}");
+
+    let mut extension = fresh_database("outbox_t_ext");
+    extension.batch_execute("CREATE SCHEMA outbox; CREATE EXTENSION outbox_ext SCHEMA outbox").unwrap();
+    let (installed, created) = (describe(&mut sql, "outbox", false), describe(&mut extension, "outbox", true));
+    assert!(installed.len() > 50, "the install has its objects: {}", installed.len());
+    let differences: Vec<_> =
+        installed.iter().filter(|line| !created.contains(line)).chain(created.iter().filter(|line| !installed.contains(line))).collect();
+    assert!(differences.is_empty(), "the SQL install differs from the extension's:\n{differences:#?}");
+    let owner: String =
+        sql.query_one("SELECT tableowner::text FROM pg_tables WHERE schemaname = 'outbox' AND tablename = 'outbox'", &[]).unwrap().get(0);
+    assert_eq!(owner, "outbox_owner");
+}
+
+#[test]
+fn enqueue_in_sql_raises_the_errors_of_the_library() {
+    fresh_database("outbox_t_errors_sql");
+    migrate("outbox_t_errors_sql", &[]);
+    fresh_database("outbox_t_errors_ext").batch_execute("CREATE EXTENSION outbox_ext").unwrap();
+    let long = "x".repeat(256);
+    let cases = [
+        "SELECT outbox_enqueue(NULL, '{}')".to_string(),
+        "SELECT outbox_enqueue('  ', '{}')".to_string(),
+        format!("SELECT outbox_enqueue('{long}', '{{}}')"),
+        "SELECT outbox_enqueue('t', NULL)".to_string(),
+        format!("SELECT outbox_enqueue('t', '{{}}', '{long}')"),
+        "SELECT outbox_enqueue('t', '{}', NULL, 'infinity')".to_string(),
+        "SELECT outbox_enqueue('t', '{}', NULL, now() + interval '1000 days')".to_string(),
+        "SET outbox.max_payload_bytes = 1024; SELECT outbox_enqueue('t', jsonb_build_object('x', repeat('y', 2000)))".to_string(),
+    ];
+    let error = |database: &str, search_path: &str, statement: &str| {
+        let mut client = connect("postgres", database);
+        client.batch_execute(&format!("SET search_path = {search_path}")).unwrap();
+        let e = client.batch_execute(statement).expect_err(statement);
+        let e = e.as_db_error().expect("a database error");
+        (e.code().code().to_string(), e.message().to_string())
+    };
+    for statement in &cases {
+        let library = error("outbox_t_errors_ext", "public", statement);
+        let sql = error("outbox_t_errors_sql", "outbox", statement);
+        assert_eq!(sql, library, "{statement}");
+    }
+}
+
+#[test]
+fn migrate_is_versioned_runs_once_at_a_time_and_its_dry_run_changes_nothing() {
+    let mut db = fresh_database("outbox_t_versions");
+    let printed = migrate("outbox_t_versions", &["--dry-run"]);
+    assert!(
+        printed.contains("BEGIN;\nSELECT pg_catalog.pg_advisory_xact_lock") && printed.contains("CREATE TABLE outbox.outbox_deliveries"),
+        "{printed}"
+    );
+    let schemas: i64 = db.query_one("SELECT count(*) FROM pg_namespace WHERE nspname = 'outbox'", &[]).unwrap().get(0);
+    assert_eq!(schemas, 0, "a dry run creates nothing");
+
+    let url = url("outbox_owner", "outbox_t_versions");
+    let both: Vec<_> =
+        (0..2).map(|_| std::process::Command::new(BINARY).args(["migrate", "--database-url", &url]).output_in_background()).collect();
+    for output in both.into_iter().map(|child| child.wait_with_output().unwrap()) {
+        assert!(output.status.success(), "{}", text(&output));
+    }
+    let versions: Vec<String> = db.query("SELECT version FROM outbox.outbox_migrations", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(versions, ["0.3.0"], "two migrates at once apply the step once");
+    assert!(migrate("outbox_t_versions", &[]).contains("nothing to do"));
+}
+
+trait Background {
+    fn output_in_background(&mut self) -> std::process::Child;
+}
+
+impl Background for std::process::Command {
+    fn output_in_background(&mut self) -> std::process::Child {
+        self.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()
+    }
+}
+
+/// Every row of the tables a 0.2.0 user fills, as JSON.
+const ROWS: &str = "
+    SELECT (SELECT jsonb_agg(to_jsonb(o) ORDER BY o.id) FROM outbox.outbox AS o)::text
+        || (SELECT jsonb_agg(to_jsonb(d) - 'claimed_by' ORDER BY d.endpoint, d.event_id) FROM outbox.outbox_deliveries AS d)::text
+        || (SELECT jsonb_agg(to_jsonb(e) ORDER BY e.name) FROM outbox.outbox_endpoints AS e)::text
+        || (SELECT count(*) FROM outbox.outbox_endpoint_secrets)::text
+        || (SELECT jsonb_agg(to_jsonb(p) ORDER BY p.event_id) FROM outbox.processed_events AS p)::text";
+
+#[test]
+fn migrate_upgrades_a_0_2_0_sql_install_keeping_every_row_to_what_a_fresh_install_is() {
+    let mut db = fresh_database("outbox_t_upgrade");
+    migrate("outbox_t_upgrade", &["--to", "0.2.0"]);
+    let mut owner = connect("outbox_owner", "outbox_t_upgrade");
+    owner
+        .batch_execute(
+            "SET search_path = outbox;
+             SELECT outbox_endpoint_set('hooks', 'http://127.0.0.1:9/h', '{order.*}');
+             SELECT outbox_endpoint_rotate_secret('hooks');
+             SELECT outbox_endpoint_set('jobs', NULL, '{order.*}', kind => 'pull', ordered => true);
+             SELECT outbox_enqueue('order.placed', jsonb_build_object('n', n), 'k' || (n % 3)) FROM generate_series(1, 30) AS n;
+             UPDATE outbox_deliveries SET sent_at = now(), attempts = 1 WHERE endpoint = 'hooks' AND event_id <= 10;
+             UPDATE outbox_deliveries SET dead_at = now(), attempts = 10, last_error = 'HTTP 500' WHERE endpoint = 'hooks' AND event_id = 11;
+             SELECT outbox_mark_processed(id, 'billing') FROM generate_series(1, 5) AS id;",
+        )
+        .unwrap();
+    let before: String = db.query_one(ROWS, &[]).unwrap().get(0);
+    let said = migrate("outbox_t_upgrade", &[]);
+    assert!(said.contains("upgrading schema outbox from 0.2.0 to 0.3.0"), "{said}");
+    let after: String = db.query_one(ROWS, &[]).unwrap().get(0);
+    assert_eq!(after, before, "every row is kept");
+    let doctor = outbox(&["doctor", "--database-url", &url("outbox_owner", "outbox_t_upgrade")]);
+    assert!(doctor.status.success(), "the upgraded install is what 0.3.0 installs: {}", text(&doctor));
+}
+
+#[test]
+fn each_install_refuses_a_database_that_has_the_other() {
+    fresh_database("outbox_t_refuse_ext").batch_execute("CREATE EXTENSION outbox_ext").unwrap();
+    let output = outbox(&["migrate", "--database-url", &url("outbox_owner", "outbox_t_refuse_ext")]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output).contains("this database has the outbox_ext extension"), "{}", text(&output));
+
+    let mut db = fresh_database("outbox_t_refuse_sql");
+    migrate("outbox_t_refuse_sql", &[]);
+    let error = db.batch_execute("CREATE EXTENSION outbox_ext").expect_err("CREATE EXTENSION beside the SQL install");
+    let message = error.as_db_error().expect("a database error").message().to_string();
+    assert!(message.contains("installed as plain SQL in schema outbox"), "{message}");
+}
+
+#[test]
+fn doctor_passes_both_installs_and_names_each_drift() {
+    fresh_database("outbox_t_doctor_ext").batch_execute("CREATE EXTENSION outbox_ext").unwrap();
+    let output = outbox(&["doctor", "--database-url", &url("postgres", "outbox_t_doctor_ext")]);
+    assert!(output.status.success(), "{}", text(&output));
+
+    let mut db = fresh_database("outbox_t_doctor");
+    migrate("outbox_t_doctor", &[]);
+    let url = url("outbox_owner", "outbox_t_doctor");
+    assert!(outbox(&["doctor", "--database-url", &url]).status.success());
+    db.batch_execute(
+        "DROP INDEX outbox.outbox_deliveries_pending;
+         GRANT EXECUTE ON FUNCTION outbox.outbox_requeue(bigint, text) TO PUBLIC;",
+    )
+    .unwrap();
+    let output = outbox(&["doctor", "--database-url", &url]);
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{said}");
+    assert!(said.contains("missing: index CREATE INDEX outbox_deliveries_pending"), "{said}");
+    assert!(said.contains("function outbox_requeue") && said.contains("found:    PUBLIC may execute: true"), "{said}");
+}
+
+#[test]
+fn the_relay_delivers_from_the_sql_install_woken_by_listen_and_refuses_a_newer_schema() {
+    let mut db = fresh_database("outbox_t_relay");
+    migrate("outbox_t_relay", &[]);
+    let receiver = Receiver::start();
+    let mut owner = connect("outbox_owner", "outbox_t_relay");
+    owner
+        .batch_execute(&format!(
+            "SELECT outbox.outbox_endpoint_set('default', '{}');
+             GRANT USAGE ON SCHEMA outbox TO app;
+             GRANT EXECUTE ON FUNCTION outbox.outbox_enqueue(text, jsonb, text, timestamptz) TO app;",
+            receiver.url
+        ))
+        .unwrap();
+    let relay_url = url("outbox_relay", "outbox_t_relay");
+    // A poll a minute away: only the commit's NOTIFY can bring the event within the deadline.
+    let relay = Relay::start(&["--database-url", &relay_url, "--listen-url", &relay_url, "--poll-interval", "60s"]);
+    let mut app = connect("app", "outbox_t_relay");
+    wait_until("the relay listens", Duration::from_secs(20), || {
+        db.query_one("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox relay listener' AND datname = 'outbox_t_relay' AND wait_event = 'ClientRead'", &[])
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    });
+    app.batch_execute("BEGIN; SELECT outbox.outbox_enqueue('order.placed', '{\"n\": 1}'); COMMIT;").unwrap();
+    app.batch_execute("BEGIN; SELECT outbox.outbox_enqueue('order.placed', '{\"n\": 2}'); ROLLBACK;").unwrap();
+    wait_until("the event is delivered", Duration::from_secs(10), || receiver.count() == 1);
+    let (id, body) = receiver.received.lock().unwrap()[0].clone();
+    assert_eq!(id, "1");
+    assert!(body.contains("\"data\" : {\"n\": 1}"), "{body}");
+    wait_until("its delivery is marked sent", Duration::from_secs(10), || {
+        db.query_one("SELECT count(*) FROM outbox.outbox_deliveries WHERE sent_at IS NOT NULL", &[]).unwrap().get::<_, i64>(0) == 1
+    });
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
+
+    db.batch_execute("INSERT INTO outbox.outbox_migrations (version) VALUES ('9.9.9')").unwrap();
+    let output = std::process::Command::new(BINARY).args(["relay", "--database-url", &relay_url]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output).contains("is version 9.9.9, newer than this relay (0.3.0)"), "{}", text(&output));
+    assert_eq!(receiver.count(), 1, "the rolled-back event was never sent");
+}

@@ -1,0 +1,131 @@
+//! What the `outbox` binary's end-to-end tests share: a real cluster (`OUTBOX_TEST_URL`, a
+//! superuser's URL, started by cli/test.sh with the extension's library installed and no relay
+//! workers), a database of their own per test, roles as a managed server has them, the binary
+//! run as a process, and a receiver on 127.0.0.1.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use postgres::{Client, NoTls};
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_outbox");
+
+/// The cluster's superuser URL for `database`.
+pub fn url(user: &str, database: &str) -> String {
+    let base = std::env::var("OUTBOX_TEST_URL").expect("OUTBOX_TEST_URL: run through cli/test.sh");
+    let (scheme_and_host, _) = base.rsplit_once('/').expect("a URL ending in /database");
+    let host = scheme_and_host.split_once('@').map_or(scheme_and_host.trim_start_matches("postgres://"), |(_, host)| host);
+    format!("postgres://{user}@{host}/{database}")
+}
+
+pub fn connect(user: &str, database: &str) -> Client {
+    Client::connect(&url(user, database), NoTls).unwrap_or_else(|e| panic!("connect as {user} to {database}: {e}"))
+}
+
+/// A new, empty database named `name`, and the roles a managed server's users would have:
+/// `outbox_owner` with nothing but CREATE on it (it runs migrate), `outbox_relay` a member of
+/// it (it runs the relay), `app` with nothing (the recipes grant it what it needs).
+pub fn fresh_database(name: &str) -> Client {
+    let mut admin = connect("postgres", "postgres");
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    for role in ["outbox_owner", "outbox_relay", "app"] {
+        let exists = admin.query_one("SELECT count(*) FROM pg_roles WHERE rolname = $1", &[&role]).unwrap().get::<_, i64>(0) > 0;
+        if !exists {
+            admin.batch_execute(&format!("CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")).unwrap();
+        }
+    }
+    admin.batch_execute(&format!("GRANT CREATE ON DATABASE {name} TO outbox_owner; GRANT outbox_owner TO outbox_relay")).unwrap();
+    connect("postgres", name)
+}
+
+/// Runs `outbox ARGS` to its end.
+pub fn outbox(args: &[&str]) -> Output {
+    Command::new(BINARY).args(args).output().expect("run outbox")
+}
+
+pub fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+/// `outbox migrate` as `outbox_owner`; panics unless it succeeds.
+pub fn migrate(database: &str, extra: &[&str]) -> String {
+    let url = url("outbox_owner", database);
+    let mut args = vec!["migrate", "--database-url", &url];
+    args.extend_from_slice(extra);
+    let output = outbox(&args);
+    assert!(output.status.success(), "outbox migrate {extra:?}: {}", text(&output));
+    text(&output)
+}
+
+/// A relay process, stopped with SIGTERM when dropped.
+pub struct Relay {
+    pub child: Child,
+}
+
+impl Relay {
+    pub fn start(args: &[&str]) -> Relay {
+        let child =
+            Command::new(BINARY).arg("relay").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start outbox relay");
+        Relay { child }
+    }
+
+    /// SIGTERM, then its exit status and what it printed.
+    pub fn stop(mut self) -> (i32, String) {
+        // SAFETY: signals a child process of ours, which has not been waited for yet.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().expect("wait for the relay");
+        let mut output = String::new();
+        self.child.stderr.take().expect("piped").read_to_string(&mut output).ok();
+        (status.code().unwrap_or(-1), output)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `condition` holds, or panics after `deadline`.
+pub fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
+    let end = Instant::now() + deadline;
+    while !condition() {
+        assert!(Instant::now() < end, "timed out after {deadline:?} waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A webhook receiver on 127.0.0.1 that answers 204 and keeps each request's webhook-id and body.
+pub struct Receiver {
+    pub url: String,
+    pub received: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl Receiver {
+    pub fn start() -> Receiver {
+        let server = tiny_http::Server::http("127.0.0.1:0").expect("listen on 127.0.0.1");
+        let url = format!("http://{}/hook", server.server_addr().to_ip().expect("an IP address"));
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let kept = received.clone();
+        std::thread::spawn(move || {
+            for mut request in server.incoming_requests() {
+                let id = request.headers().iter().find(|h| h.field.equiv("webhook-id")).map(|h| h.value.to_string()).unwrap_or_default();
+                let mut body = String::new();
+                request.as_reader().read_to_string(&mut body).ok();
+                kept.lock().unwrap().push((id, body));
+                let _ = request.respond(tiny_http::Response::empty(204));
+            }
+        });
+        Receiver { url, received }
+    }
+
+    pub fn count(&self) -> usize {
+        self.received.lock().unwrap().len()
+    }
+}
