@@ -32,6 +32,13 @@ DEADLINE = 180  # seconds any scenario may take to recover
 BASE_SETTINGS = {"lease": "5s", "http_timeout": "4s", "concurrency": "128"}
 RELAY_BINARY = os.environ.get("FAULT_RELAYS")
 RELAY_METRICS_PORTS = [19201, 19202]
+# Where the outbox's objects are: the extension's schema, or the SQL install's.
+SCHEMA = os.environ.get("FAULT_SCHEMA", "public")
+# The relays' connection (through PgBouncer in transaction mode, if it runs), and the direct one
+# they LISTEN on.
+RELAY_URL = os.environ.get("FAULT_RELAY_URL", "")
+LISTEN_URL = os.environ.get("FAULT_LISTEN_URL", "")
+PGBOUNCER_CONFIG = os.environ.get("FAULT_PGBOUNCER_CONFIG")
 
 
 # ---------------------------------------------------------------- the database
@@ -92,7 +99,7 @@ class Relays:
         flags = [f"--{name.replace('_', '-')}={value}" for name, value in self.settings.items()]
         log = open(f"{DATA}/../relay-{index}.log", "a")
         self.processes[index] = subprocess.Popen(
-            [RELAY_BINARY, "relay", f"--database-url=postgres://postgres@127.0.0.1:{PORT}/postgres",
+            [RELAY_BINARY, "relay", f"--database-url={RELAY_URL}", f"--listen-url={LISTEN_URL}", f"--schema={SCHEMA}",
              f"--metrics=127.0.0.1:{RELAY_METRICS_PORTS[index]}", "--poll-interval=200ms",
              f"--webhook-url=http://127.0.0.1:{RECEIVER_PORT}/events", *flags],
             stdout=log, stderr=log)
@@ -423,7 +430,7 @@ def claim_sql(limit, lease_ms):
     return "".join(l for l in CLAIM.splitlines(True) if not l.startswith("--")) \
         .replace("$1", "'{default}'").replace("$2", f"'{{{limit}}}'").replace("$3", f"'{{{lease_ms}}}'") \
         .replace("$4", "'{10}'").replace("$5", "67108864").replace("$6", "pg_backend_pid()") \
-        .replace("@extschema@", "public")
+        .replace("@extschema@", SCHEMA)
 
 
 MARK_SENT = open(os.path.join(os.path.dirname(__file__), "..", "sql", "mark_sent.sql")).read()
@@ -433,11 +440,11 @@ def mark_sent(claims):
     """The workers' mark-sent statement for these deliveries to the endpoint default: (event id,
     fencing token of the claim) pairs."""
     sql("".join(l for l in MARK_SENT.splitlines(True) if not l.startswith("--"))
-        .replace("@extschema@", "public")
+        .replace("@extschema@", SCHEMA)
         .replace("$1", "'{" + ",".join("default" for _ in claims) + "}'::text[]")
         .replace("$2", "'{" + ",".join(event_id for event_id, _ in claims) + "}'::bigint[]")
         .replace("$3", "'{" + ",".join(fence for _, fence in claims) + "}'::integer[]")
-        .replace("$4", "'public.outbox_deliveries'::regclass::oid"))
+        .replace("$4", f"'{SCHEMA}.outbox_deliveries'::regclass::oid"))
 
 
 def run_sql_claimer(claim, record, enqueued, pause=0.0):
@@ -619,7 +626,23 @@ def database_unreachable(receiver):
     return rolled_back, f"database stopped for {outage:.0f} s with requests in flight", None
 
 
-RELAY_SCENARIOS = [connection_cut, database_unreachable]
+def pgbouncer_restarted(receiver):
+    """PgBouncer, which the relays connect through, stops and starts again while requests are in
+    flight."""
+    receiver.reset(delay=0.2)
+    rolled_back = enqueue_mixed(EVENTS)
+    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
+    assert receiver.active > 0, "requests are in flight when PgBouncer stops"
+    pid_file = next(line.split("=", 1)[1].strip() for line in open(PGBOUNCER_CONFIG) if line.startswith("pidfile"))
+    pid = int(open(pid_file).read())
+    subprocess.run(["sudo", "-u", "postgres", "kill", "-INT", str(pid)], check=True)
+    wait_until("PgBouncer stopped", lambda: not os.path.exists(f"/proc/{pid}"), deadline=30)
+    time.sleep(2)  # two seconds with no pooler
+    subprocess.run(["sudo", "-u", "postgres", "pgbouncer", "-d", PGBOUNCER_CONFIG], check=True, capture_output=True)
+    return rolled_back, "PgBouncer stopped for 2 s and started again with requests in flight", None
+
+
+RELAY_SCENARIOS = [connection_cut, database_unreachable] + ([pgbouncer_restarted] if PGBOUNCER_CONFIG else [])
 
 ORDERED_SCENARIOS = [ordered_503s, ordered_kill_a_worker, ordered_immediate_stop, ordered_sql_claimer]
 

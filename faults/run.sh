@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fault-injection suite (see faults/run.py), twice: with the extension's relay workers (2 of
-# them), then with two `outbox relay` processes and no workers; each run in its own cluster,
+# them), then with two `outbox relay` processes on the SQL install; each run in its own cluster,
 # with a receiver on 127.0.0.1. FAULT_EVENTS sets the size (default 2000 committed events a
 # scenario); FAULT_MODE=workers or FAULT_MODE=relays runs one of the two.
 set -euo pipefail
@@ -28,10 +28,40 @@ if [ "$MODE" != relays ]; then
 fi
 
 if [ "$MODE" != workers ]; then
-  echo "== outbox relay processes"
+  # As a managed server is used: no outbox library loaded, the outbox installed by
+  # `outbox migrate` as a role with nothing but CREATE on the database, the relays connecting
+  # as another ordinary role through PgBouncer in transaction mode (and directly for LISTEN).
+  echo "== outbox relay processes on the SQL install, through PgBouncer"
   cargo build --release -q -p outbox
-  start_cluster "$DIR/pg-relays" "$PORT" "outbox.workers = 0"
-  psql_cluster -q -c "CREATE EXTENSION outbox_ext"
-  FAULT_RELAYS="$PWD/target/release/outbox" FAULT_PGDATA="$DIR/pg-relays/data" FAULT_PGPORT=$PORT \
-    FAULT_RECEIVER_PORT=$RECEIVER_PORT python3 faults/run.py
+  start_cluster "$DIR/pg-relays" "$PORT" "shared_preload_libraries = ''"
+  psql_cluster -q -c "CREATE ROLE outbox_owner LOGIN" -c "GRANT CREATE ON DATABASE postgres TO outbox_owner" \
+    -c "CREATE ROLE outbox_relay LOGIN IN ROLE outbox_owner"
+  target/release/outbox migrate --database-url "postgres://outbox_owner@127.0.0.1:$PORT/postgres" --schema outbox
+  BOUNCER_PORT=16350
+  mkdir -p "$DIR/pgbouncer"
+  printf '"outbox_relay" ""\n"postgres" ""\n' >"$DIR/pgbouncer/users.txt"
+  cat >"$DIR/pgbouncer/pgbouncer.ini" <<INI
+[databases]
+postgres = host=127.0.0.1 port=$PORT dbname=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $BOUNCER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $DIR/pgbouncer/users.txt
+pool_mode = transaction
+default_pool_size = 8
+max_client_conn = 100
+logfile = $DIR/pgbouncer/pgbouncer.log
+pidfile = $DIR/pgbouncer/pgbouncer.pid
+INI
+  chown -R postgres "$DIR/pgbouncer" 2>/dev/null || true
+  as_postgres pgbouncer -d "$DIR/pgbouncer/pgbouncer.ini"
+  stop_bouncer() { [ -f "$DIR/pgbouncer/pgbouncer.pid" ] && as_postgres kill -INT "$(cat "$DIR/pgbouncer/pgbouncer.pid")" 2>/dev/null; true; }
+  trap 'stop_bouncer; cleanup' EXIT
+  PGOPTIONS="-c search_path=outbox,public" FAULT_SCHEMA=outbox FAULT_RELAYS="$PWD/target/release/outbox" \
+    FAULT_RELAY_URL="postgres://outbox_relay@127.0.0.1:$BOUNCER_PORT/postgres" \
+    FAULT_LISTEN_URL="postgres://outbox_relay@127.0.0.1:$PORT/postgres" \
+    FAULT_PGBOUNCER_CONFIG="$DIR/pgbouncer/pgbouncer.ini" \
+    FAULT_PGDATA="$DIR/pg-relays/data" FAULT_PGPORT=$PORT FAULT_RECEIVER_PORT=$RECEIVER_PORT python3 faults/run.py
 fi

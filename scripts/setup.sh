@@ -9,7 +9,7 @@ PG_MAJOR=15
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
 APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config libssl-dev sudo
-              libpostgresql-jdbc-java openjdk-17-jdk-headless "$@")
+              libpostgresql-jdbc-java openjdk-17-jdk-headless pgbouncer "$@")
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
