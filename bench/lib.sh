@@ -107,3 +107,23 @@ latency_step() {
   read -r p50 p99 pmax <<<"$(receipt_latency "$DIR/deliveries.log" default "$latency_events")"
   echo "latency over $latency_events events: p50 $p50 ms, p99 $p99 ms, max $pmax ms; $down_failures failed attempts to down meanwhile"
 }
+
+# write_claim_statements SCHEMA DIR: the relay's claim for endpoint default alone, as
+# DIR/claim_only.sql (rolled back), and DIR/claim_mark.sql: the claim, then the mark-sent
+# statement on what it returned, in one transaction per batch: the SQL-only ceiling of a drain.
+write_claim_statements() {
+  local schema=$1 claim
+  sql_text() { grep -v '^ *--' "sql/$1" | sed "s/@extschema@/$schema/g" | tr '\n' ' '; }
+  # The workers' claim for endpoint default alone: batch 100, lease 30 s, 10 attempts, the
+  # default bytes budget (64 MB).
+  claim=$(sql_text claim_batch.sql | sed -e "s/\\\$1/ARRAY['default']/g" -e 's/\$2/ARRAY[100]/g' -e 's/\$3/ARRAY[30000]/g' -e 's/\$4/ARRAY[10]/g' \
+            -e 's/\$5/67108864/g' -e 's/\$6/pg_backend_pid()/g')
+  # The claim, then the workers' mark-sent statement on the deliveries it returned: one
+  # transaction per batch, as a DO block so that pgbench can pass them from one to the next.
+  printf 'DO $$DECLARE delivery record; noted record; batch_endpoints text[]; batch_ids bigint[]; batch_fences integer[]; BEGIN FOR delivery IN %s LOOP CONTINUE WHEN delivery.body IS NULL; batch_endpoints := batch_endpoints || delivery.endpoint; batch_ids := batch_ids || delivery.event_id; batch_fences := batch_fences || delivery.fence; END LOOP; %s; END$$;\n' \
+    "$claim" \
+    "$(sql_text mark_sent.sql | sed -e 's/\$1/batch_endpoints/g' -e 's/\$2/batch_ids/g' -e 's/\$3/batch_fences/g' \
+         -e "s/\\\$4/'$schema.outbox_deliveries'::regclass::oid/g" \
+         -e "s/SELECT $schema.outbox_note_acked/SELECT INTO noted $schema.outbox_note_acked/")" > "$2/claim_mark.sql"
+  printf 'BEGIN;\n%s;\nROLLBACK;\n' "$claim" > "$2/claim_only.sql"
+}

@@ -79,19 +79,7 @@ cat > "$DIR/two_rows.sql" <<'SQL'
 WITH event AS (INSERT INTO outbox (topic, payload) VALUES ('bench', '{"order_id": 1, "total": 42.5}') RETURNING id)
 INSERT INTO outbox_deliveries (event_id, endpoint) SELECT id, 'default' FROM event;
 SQL
-sql_text() { grep -v '^ *--' "sql/$1" | sed 's/@extschema@/public/g' | tr '\n' ' '; }
-# The workers' claim for endpoint default alone: batch 100, lease 30 s, 10 attempts, the
-# default bytes budget (64 MB).
-claim=$(sql_text claim_batch.sql | sed -e "s/\\\$1/ARRAY['default']/g" -e 's/\$2/ARRAY[100]/g' -e 's/\$3/ARRAY[30000]/g' -e 's/\$4/ARRAY[10]/g' \
-          -e 's/\$5/67108864/g' -e 's/\$6/pg_backend_pid()/g')
-# The claim, then the workers' mark-sent statement on the deliveries it returned: one
-# transaction per batch, as a DO block so that pgbench can pass them from one to the next.
-printf 'DO $$DECLARE delivery record; noted record; batch_endpoints text[]; batch_ids bigint[]; batch_fences integer[]; BEGIN FOR delivery IN %s LOOP CONTINUE WHEN delivery.body IS NULL; batch_endpoints := batch_endpoints || delivery.endpoint; batch_ids := batch_ids || delivery.event_id; batch_fences := batch_fences || delivery.fence; END LOOP; %s; END$$;\n' \
-  "$claim" \
-  "$(sql_text mark_sent.sql | sed -e 's/\$1/batch_endpoints/g' -e 's/\$2/batch_ids/g' -e 's/\$3/batch_fences/g' \
-       -e "s/\\\$4/'public.outbox_deliveries'::regclass::oid/g" \
-       -e 's/SELECT public.outbox_note_acked/SELECT INTO noted public.outbox_note_acked/')" > "$DIR/claim_mark.sql"
-printf 'BEGIN;\n%s;\nROLLBACK;\n' "$claim" > "$DIR/claim_only.sql"
+write_claim_statements public "$DIR"
 
 echo "== limits (workers idle: outbox.webhook_url is empty)"
 receiver_rps=$(wrk -t1 -c32 -d10s -s bench/post.lua "http://127.0.0.1:$RECEIVER_PORT/load" | awk '/^Requests\/sec:/ { printf "%.0f", $2 }')

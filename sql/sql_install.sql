@@ -6,8 +6,10 @@
 -- outbox_enqueue as src/api.rs writes it, statement for statement (sql/enqueue.sql,
 -- sql/route.sql, and when needed sql/note_unrouted.sql, sql/note_key_arrivals.sql,
 -- sql/notify_endpoints.sql, sql/hold_routed_endpoints.sql). With no library to wake the relay
--- at commit, it notifies outbox_enqueued, which `outbox relay` listens on; a rolled-back
--- transaction's notification is never sent.
+-- at commit, it notifies outbox_enqueued, which `outbox relay` listens on, while a relay says
+-- it waits (sql/relays.sql): a NOTIFY makes the commits that send one take turns, which halved
+-- the enqueue rate, so a relay with a backlog, which needs no wakeup, turns it off. A
+-- rolled-back transaction's notification is never sent.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_enqueue(
     topic text,
     payload jsonb,
@@ -20,16 +22,15 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    -- The settings as the library reads them, if it is loaded (which shows them with units) or
-    -- set as placeholders; else the library's defaults.
-    max_payload_bytes bigint := pg_size_bytes(coalesce(nullif(current_setting('outbox.max_payload_bytes', true), ''), '1MB'));
-    horizon_s bigint := extract(epoch FROM coalesce(nullif(current_setting('outbox.deliver_at_horizon', true), ''), '90d')::interval);
     size bigint;
+    limit_bytes bigint;
+    horizon interval;
     event_id bigint;
     deliveries bigint;
     waiting text[];
     notify text[];
     routed_to text[];
+    relay_listens boolean;
 BEGIN
     IF topic IS NULL THEN
         RAISE EXCEPTION 'outbox_enqueue: topic must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -43,40 +44,50 @@ BEGIN
         RAISE EXCEPTION 'outbox_enqueue: payload must not be null (use ''{}'' for an event without data)'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- The settings as the library reads them: shown with units where it is loaded, or set as
+    -- placeholders; else the library's defaults.
     size := octet_length(payload::text);
-    IF size > max_payload_bytes THEN
+    limit_bytes := pg_size_bytes(coalesce(nullif(current_setting('outbox.max_payload_bytes', true), ''), '1MB'));
+    IF size > limit_bytes THEN
         RAISE EXCEPTION 'outbox_enqueue: payload is % bytes of JSON text, more than outbox.max_payload_bytes (% bytes)',
-            size, max_payload_bytes USING ERRCODE = 'invalid_parameter_value';
+            size, limit_bytes USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF octet_length(key) > 255 THEN
         RAISE EXCEPTION 'outbox_enqueue: key is longer than 255 bytes' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF deliver_at IS NOT NULL AND NOT isfinite(deliver_at) THEN
-        RAISE EXCEPTION 'outbox_enqueue: deliver_at must be a finite time (null: now)' USING ERRCODE = 'invalid_parameter_value';
-    ELSIF deliver_at > now() + horizon_s * interval '1 second' THEN
-        RAISE EXCEPTION 'outbox_enqueue: deliver_at is more than outbox.deliver_at_horizon (% s) from now', horizon_s
-            USING ERRCODE = 'invalid_parameter_value';
+    IF deliver_at IS NOT NULL THEN
+        horizon := coalesce(nullif(current_setting('outbox.deliver_at_horizon', true), ''), '90d')::interval;
+        IF NOT isfinite(deliver_at) THEN
+            RAISE EXCEPTION 'outbox_enqueue: deliver_at must be a finite time (null: now)' USING ERRCODE = 'invalid_parameter_value';
+        ELSIF deliver_at > now() + horizon THEN
+            RAISE EXCEPTION 'outbox_enqueue: deliver_at is more than outbox.deliver_at_horizon (% s) from now', extract(epoch FROM horizon)::bigint
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END IF;
 
-    INSERT INTO @extschema@.outbox (topic, payload, key)
-    VALUES (outbox_enqueue.topic, outbox_enqueue.payload, outbox_enqueue.key)
-    RETURNING id INTO event_id;
-
-    WITH routed AS (
+    -- The event and its deliveries in one statement, which also reads whether a relay waits
+    -- for a notification: each statement run costs a call a few µs.
+    WITH event AS (
+        INSERT INTO @extschema@.outbox (topic, payload, key)
+        VALUES (outbox_enqueue.topic, outbox_enqueue.payload, outbox_enqueue.key)
+        RETURNING id
+    ), routed AS (
         INSERT INTO @extschema@.outbox_deliveries AS d (event_id, endpoint, available_at, key, waiting)
-        SELECT event_id, e.name, greatest(outbox_enqueue.deliver_at, now()),
+        SELECT event.id, e.name, greatest(outbox_enqueue.deliver_at, now()),
                CASE WHEN e.ordered THEN outbox_enqueue.key END, e.ordered AND outbox_enqueue.key IS NOT NULL
-          FROM @extschema@.outbox_endpoints AS e
+          FROM event, @extschema@.outbox_endpoints AS e
          WHERE e.topics && (SELECT @extschema@.outbox_topic_patterns(outbox_enqueue.topic))
         RETURNING d.endpoint,
                   d.waiting,
                   (SELECT n.notify FROM @extschema@.outbox_endpoints AS n WHERE n.name = d.endpoint) AS notify
     )
-    SELECT count(*),
+    SELECT (SELECT event.id FROM event),
+           count(*),
            array_agg(routed.endpoint) FILTER (WHERE routed.waiting),
            array_agg(routed.endpoint) FILTER (WHERE routed.notify),
-           array_agg(routed.endpoint)
-      INTO deliveries, waiting, notify, routed_to
+           array_agg(routed.endpoint),
+           EXISTS (SELECT FROM @extschema@.outbox_relays AS r WHERE r.listening)
+      INTO event_id, deliveries, waiting, notify, routed_to, relay_listens
       FROM routed;
 
     IF deliveries = 0 THEN
@@ -94,7 +105,9 @@ BEGIN
     IF routed_to IS NOT NULL AND current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
         PERFORM FROM @extschema@.outbox_endpoints AS e WHERE e.name = ANY (routed_to) FOR KEY SHARE OF e;
     END IF;
-    PERFORM pg_notify('outbox_enqueued', '');
+    IF relay_listens THEN
+        PERFORM pg_notify('outbox_enqueued', '');
+    END IF;
     RETURN event_id;
 END
 $$;

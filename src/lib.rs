@@ -45,7 +45,8 @@ extension_sql_file!("../sql/ordering.sql", name = "ordering", requires = ["deliv
 extension_sql_file!("../sql/endpoints_version.sql", name = "endpoints_version", requires = ["deliveries"]);
 extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["ordering", "endpoints_version"]);
 extension_sql_file!("../sql/pull.sql", name = "pull", requires = ["endpoints"]);
-extension_sql_file!("../sql/library.sql", name = "library", requires = ["pull"]);
+extension_sql_file!("../sql/relays.sql", name = "relays", requires = ["pull"]);
+extension_sql_file!("../sql/library.sql", name = "library", requires = ["relays"]);
 extension_sql_file!("../sql/api.sql", finalize);
 
 #[pg_guard]

@@ -18,7 +18,7 @@ pub enum ConnectError {
     #[error("the database URL is not valid: {0}")]
     Url(postgres::Error),
     #[error("cannot connect: {0}")]
-    Connect(postgres::Error),
+    Connect(String),
 }
 
 /// Connects to `url` as `application_name` unless the URL names one (pg_stat_activity shows
@@ -30,7 +30,15 @@ pub fn connect(url: &str, application_name: &str) -> Result<Client, ConnectError
     if config.get_application_name().is_none() {
         config.application_name(application_name);
     }
-    config.connect(NoTls).map_err(ConnectError::Connect)
+    config.connect(NoTls).map_err(|e| ConnectError::Connect(error_text(&e)))
+}
+
+/// A database error with its SQLSTATE, or what went wrong with the connection.
+pub fn error_text(error: &postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => error.to_string(),
+    }
 }
 
 /// An outbox found in the database.

@@ -6,6 +6,7 @@
 //! - `queue`: the relay's statements over a client connection (the core's `Queue`).
 //! - `wake`: signals, LISTEN and polling (the core's `Wake`).
 //! - `metrics`: counters and log lines (the core's `Report`); `health` serves them.
+//! - `presence`: the relay's row in outbox_relays.
 //! - `relay`: the `relay` command.
 //! - `migrate`: the `migrate` command; `script` makes its scripts from the extension's.
 //! - `doctor`: the `doctor` command.
@@ -16,6 +17,7 @@ mod health;
 mod metrics;
 mod migrate;
 mod options;
+mod presence;
 mod queue;
 mod relay;
 mod script;

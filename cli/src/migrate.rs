@@ -107,7 +107,7 @@ fn next_step(current: Option<&str>, target: &str, schema: &str) -> Result<Option
         } else {
             let (_, released) =
                 RELEASED.iter().find(|(version, _)| *version == target).ok_or_else(|| MigrateError::UnknownVersion(target.into()))?;
-            script::for_sql_install(released, schema)
+            script::for_sql_install(released, schema, false)
         };
         return Ok(Some(Step { from: None, to: target.to_string(), sql }));
     };
@@ -115,7 +115,11 @@ fn next_step(current: Option<&str>, target: &str, schema: &str) -> Result<Option
         return Ok(None);
     }
     if let Some((_, to, sql)) = UPDATES.iter().find(|(from, _, _)| *from == current) {
-        return Ok(Some(Step { from: Some(current.to_string()), to: to.to_string(), sql: script::for_sql_install(sql, schema) }));
+        return Ok(Some(Step {
+            from: Some(current.to_string()),
+            to: to.to_string(),
+            sql: script::for_sql_install(sql, schema, *to == VERSION),
+        }));
     }
     if crate::connection::newer_than_binary(current) {
         return Err(MigrateError::Newer { schema: schema.to_string(), version: current.to_string() });
@@ -215,7 +219,7 @@ mod tests {
         assert_eq!((install.from, install.to.as_str()), (None, VERSION));
         assert!(install.sql.contains("CREATE TABLE app.outbox"));
         let older = next_step(None, "0.2.0", "app").unwrap().unwrap();
-        assert!(older.sql.contains("app.outbox_enqueue"));
+        assert!(older.sql.contains("CREATE TABLE app.outbox") && !older.sql.contains("app.outbox_enqueue"), "0.2.0 had no SQL enqueue");
         let update = next_step(Some("0.2.0"), VERSION, "app").unwrap().unwrap();
         assert_eq!((update.from.as_deref(), update.to.as_str()), (Some("0.2.0"), "0.3.0"));
         assert!(next_step(Some(VERSION), VERSION, "app").unwrap().is_none());

@@ -10,8 +10,9 @@ use std::time::Duration;
 use postgres::types::{ToSql, Type};
 use postgres::Client;
 
-use crate::connection::{connect, find_outbox, Outbox};
+use crate::connection::{connect, error_text, find_outbox, Outbox};
 use crate::metrics::Metrics;
+use crate::presence::Presence;
 use outbox_core::endpoints::EndpointRow;
 use outbox_core::queue::{
     millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, Queue, QueueError,
@@ -45,14 +46,14 @@ pub struct ClientQueue {
     /// The schema of a SQL install, as `--schema` gives it (for looking the outbox up again).
     sql_schema: String,
     statements: Statements,
-    /// Who claims, as `claimed_by` records it (negative: not a server process).
-    claimer: i32,
+    /// The relay's row in outbox_relays; its id is who claims, as `claimed_by` records it.
+    presence: Presence,
     metrics: Arc<Metrics>,
 }
 
 impl ClientQueue {
     /// The queue of `outbox`, using `client` until it fails.
-    pub fn new(url: &str, client: Client, outbox: Outbox, sql_schema: &str, claimer: i32, metrics: Arc<Metrics>) -> ClientQueue {
+    pub fn new(url: &str, client: Client, outbox: Outbox, sql_schema: &str, presence: Presence, metrics: Arc<Metrics>) -> ClientQueue {
         // The workers' session settings, for this transaction only; but the isolation level is
         // BEGIN's, and deadlock_timeout is a superuser's to set (the relay's role need not be).
         let settings: Vec<String> = SESSION_SETTINGS
@@ -79,7 +80,15 @@ impl ClientQueue {
                 quote_literal(&outbox.schema)
             ),
         };
-        ClientQueue { url: url.to_string(), client: Some(client), outbox, sql_schema: sql_schema.to_string(), statements, claimer, metrics }
+        ClientQueue {
+            url: url.to_string(),
+            client: Some(client),
+            outbox,
+            sql_schema: sql_schema.to_string(),
+            statements,
+            presence,
+            metrics,
+        }
     }
 
     /// Runs `body` in a transaction with the relay's settings and commits it. On an error the
@@ -97,7 +106,9 @@ impl ClientQueue {
             }
         }
         let client = self.client.as_mut().expect("connected above");
+        let presence = &mut self.presence;
         let result = client.batch_execute(&self.statements.begin).and_then(|()| {
+            presence.refresh_if_due(client)?;
             let value = body(client, &self.statements)?;
             client.batch_execute("COMMIT")?;
             Ok(value)
@@ -107,7 +118,10 @@ impl ClientQueue {
                 self.metrics.database_up.store(true, Ordering::Relaxed);
                 Ok(value)
             }
-            Err(e) => Err(self.failure(e)),
+            Err(e) => {
+                self.presence.unwritten();
+                Err(self.failure(e))
+            }
         }
     }
 
@@ -129,14 +143,6 @@ impl ClientQueue {
             Ok(_) => QueueError::Gone,
             Err(_) => QueueError::Failed(message),
         }
-    }
-}
-
-/// A database error with its SQLSTATE, or what went wrong with the connection.
-fn error_text(error: &postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => error.to_string(),
     }
 }
 
@@ -181,7 +187,7 @@ impl Queue for ClientQueue {
 
     /// With `synchronous_commit = off` (the relay's setting), as the workers claim.
     fn claim_batch(&mut self, claim: &ClaimArguments, version: i64) -> Result<Option<Vec<ClaimedRow>>, QueueError> {
-        let claimer = self.claimer;
+        let claimer = self.presence.id;
         self.transaction(|client, statements| {
             if endpoints_version(client, statements)? != version {
                 return Ok(None);
@@ -257,7 +263,7 @@ impl Queue for ClientQueue {
     }
 
     fn uncount_abandoned(&mut self, abandoned: &AttemptColumns) -> Result<(), QueueError> {
-        let (deliveries, claimer) = (self.outbox.deliveries, self.claimer);
+        let (deliveries, claimer) = (self.outbox.deliveries, self.presence.id);
         self.transaction(|client, statements| {
             // A stopping relay must exit within seconds: if a row is locked, the attempt counts.
             client.batch_execute("SET LOCAL lock_timeout = '500ms'")?;

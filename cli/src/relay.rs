@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use outbox_core::relay::{Asked, Ended, Level, Relay, Wake};
 
-use crate::connection::{connect, find_outbox, Compatibility, Outbox, VERSION};
+use crate::connection::{connect, error_text, find_outbox, Compatibility, Outbox, VERSION};
 use crate::metrics::{say, Metrics, ProcessReport};
 use crate::options::RelayOptions;
+use crate::presence::{self, Presence};
 use crate::queue::ClientQueue;
 use crate::wake::ProcessWake;
 
@@ -33,19 +34,35 @@ pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
     }
     let mut wake =
         ProcessWake::new(options.listen_url.as_deref()).map_err(|e| RelayError::Setup(format!("cannot wait for signals: {e}")))?;
-    // Negative, so that claimed_by never names a server process (sql/claim_batch.sql).
-    let claimer = -(std::process::id() as i32);
     let (url, schema) = (&options.database.database_url, &options.database.schema);
     loop {
-        let Some((client, outbox)) = wait_for_outbox(url, schema, &mut wake, &metrics, settings.poll_interval)? else {
+        let Some((mut client, outbox)) = wait_for_outbox(url, schema, &mut wake, &metrics, settings.poll_interval)? else {
             return Ok(());
         };
-        say(Level::Log, &format!("delivering from the outbox in schema {} (version {})", outbox.schema, outbox.version));
-        let queue = ClientQueue::new(url, client, outbox, schema, claimer, metrics.clone());
+        let presence = match Presence::register(&mut client, &outbox, wake.wants_notifications.clone()) {
+            Ok(presence) => presence,
+            Err(e) => {
+                say(Level::Warning, &format!("cannot record this relay in outbox_relays: {}", error_text(&e)));
+                wake.wait(-1, settings.poll_interval.max(Duration::from_secs(1)));
+                continue;
+            }
+        };
+        let (id, quoted_schema) = (presence.id, outbox.schema.clone());
+        say(Level::Log, &format!("relay {id} delivering from the outbox in schema {} (version {})", outbox.schema, outbox.version));
+        let queue = ClientQueue::new(url, client, outbox, schema, presence, metrics.clone());
         let report = ProcessReport { metrics: metrics.clone() };
         let relay = Relay::new(queue, &mut wake, report, settings.clone(), true).map_err(|e| RelayError::Setup(e.to_string()))?;
         match relay.run() {
-            Ended::Asked => return Ok(()),
+            Ended::Asked => {
+                // Gone from outbox_relay_processes() now, not a minute from now.
+                let removed = connect(url, "outbox relay")
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut client| presence::remove(&mut client, &quoted_schema, id).map_err(|e| error_text(&e)));
+                if let Err(e) = removed {
+                    say(Level::Warning, &format!("cannot remove this relay from outbox_relays (it ages out): {e}"));
+                }
+                return Ok(());
+            }
             // What was in flight belonged to rows that are gone.
             Ended::Gone => metrics.schema_supported.store(false, Ordering::Relaxed),
         }
@@ -64,7 +81,7 @@ fn wait_for_outbox(
     let mut said = String::new();
     loop {
         let found = connect(url, "outbox relay").map_err(|e| e.to_string()).and_then(|mut client| {
-            let outbox = find_outbox(&mut client, schema).map_err(|e| format!("cannot look for the outbox: {e}"))?;
+            let outbox = find_outbox(&mut client, schema).map_err(|e| format!("cannot look for the outbox: {}", error_text(&e)))?;
             Ok((client, outbox))
         });
         metrics.database_up.store(found.is_ok(), Ordering::Relaxed);

@@ -6,17 +6,20 @@
 
 /// The install script of the version this binary is: the files `src/lib.rs` declares, in its
 /// order, then the SQL forms of the library's functions.
-const INSTALL: [&str; 7] = [
+const INSTALL: [&str; 8] = [
     include_str!("../../sql/schema.sql"),
     include_str!("../../sql/deliveries.sql"),
     include_str!("../../sql/ordering.sql"),
     include_str!("../../sql/endpoints_version.sql"),
     include_str!("../../sql/endpoints.sql"),
     include_str!("../../sql/pull.sql"),
+    include_str!("../../sql/relays.sql"),
     include_str!("../../sql/api.sql"),
 ];
 
-/// What the SQL install has instead of the library: run after every install and update step.
+/// What the SQL install of this version has instead of the library: run after each step that
+/// ends at this version. A step that ends at an older version (installing a released one) gets
+/// none: the SQL install came with 0.3.0, so no older version had SQL forms of these functions.
 pub const SQL_INSTALL: &str = include_str!("../../sql/sql_install.sql");
 
 /// The update scripts, as `ALTER EXTENSION … UPDATE` runs them: from, to, text. Each is the
@@ -28,15 +31,18 @@ pub const RELEASED: [(&str, &str); 1] = [("0.2.0", include_str!("../../sql/outbo
 
 /// The install script of this binary's version, for the SQL install in `schema` (quoted).
 pub fn install(schema: &str) -> String {
-    for_sql_install(&INSTALL.join("\n"), schema)
+    for_sql_install(&INSTALL.join("\n"), schema, true)
 }
 
-/// `script`, an extension script, as the SQL install in `schema` (quoted) runs it.
-pub fn for_sql_install(script: &str, schema: &str) -> String {
+/// `script`, an extension script, as the SQL install in `schema` (quoted) runs it, followed by
+/// `SQL_INSTALL` if it ends at this binary's version (`current`).
+pub fn for_sql_install(script: &str, schema: &str, current: bool) -> String {
     let kept: Vec<&str> = statements(script).into_iter().filter(|statement| !extension_only(statement)).collect();
     let mut sql = kept.join("\n");
-    sql.push('\n');
-    sql.push_str(SQL_INSTALL);
+    if current {
+        sql.push('\n');
+        sql.push_str(SQL_INSTALL);
+    }
     outbox_core::statements::qualify(&sql, schema)
 }
 
@@ -157,7 +163,7 @@ mod tests {
                       -- Written in Rust\nCREATE OR REPLACE FUNCTION @extschema@.outbox_enqueued()\nRETURNS bigint\nLANGUAGE c\nAS 'MODULE_PATHNAME', 'outbox_enqueued_wrapper';\n\
                       REVOKE ALL ON FUNCTION @extschema@.outbox_enqueued() FROM PUBLIC;\n\
                       REVOKE ALL ON FUNCTION @extschema@.outbox_stats() FROM PUBLIC;\n";
-        let sql = for_sql_install(script, "app");
+        let sql = for_sql_install(script, "app", true);
         let before_sql_install = &sql[..sql.find("-- The SQL install's forms").expect("sql/sql_install.sql follows")];
         assert!(before_sql_install.contains("CREATE TABLE app.outbox"));
         assert!(before_sql_install.contains("outbox_stats()"), "privileges of functions in SQL stay");

@@ -23,6 +23,8 @@ pub const CHANNEL: &str = "outbox_enqueued";
 pub struct ProcessWake {
     /// Rung by the listener thread at each notification.
     commits: Option<Arc<Doorbell>>,
+    /// Whether the relay wants a NOTIFY per commit now, which its row in outbox_relays says.
+    pub wants_notifications: Arc<AtomicBool>,
     /// Set by the listener thread when it (re)connects: commits may have gone unheard.
     relistened: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
@@ -52,7 +54,7 @@ impl ProcessWake {
             }
             None => None,
         };
-        Ok(ProcessWake { commits, relistened, stop, hangup, signalled })
+        Ok(ProcessWake { commits, wants_notifications: Arc::new(AtomicBool::new(false)), relistened, stop, hangup, signalled })
     }
 
     pub fn stopping(&self) -> bool {
@@ -61,10 +63,13 @@ impl ProcessWake {
 }
 
 impl Wake for ProcessWake {
-    /// The NOTIFY arrives whether or not the relay can claim; only a reconnected listener
-    /// means commits may have gone unheard.
-    fn listen(&mut self, _can_claim: bool) -> bool {
-        self.relistened.swap(false, Ordering::Relaxed)
+    /// A NOTIFY makes committers take turns: the relay asks for them (through its row in
+    /// outbox_relays) only while it listens, can claim and has no backlog. Commits may have
+    /// gone unheard when it starts asking again, or when its listener reconnected.
+    fn listen(&mut self, can_claim: bool, backlog: bool) -> bool {
+        let wanted = self.commits.is_some() && can_claim && !backlog;
+        let asked_again = wanted && !self.wants_notifications.swap(wanted, Ordering::Relaxed);
+        self.relistened.swap(false, Ordering::Relaxed) || asked_again
     }
 
     fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool {
@@ -96,8 +101,8 @@ impl Wake for ProcessWake {
 }
 
 impl Wake for &mut ProcessWake {
-    fn listen(&mut self, can_claim: bool) -> bool {
-        (**self).listen(can_claim)
+    fn listen(&mut self, can_claim: bool, backlog: bool) -> bool {
+        (**self).listen(can_claim, backlog)
     }
 
     fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool {

@@ -116,7 +116,10 @@ fn migrate_upgrades_a_0_2_0_sql_install_keeping_every_row_to_what_a_fresh_instal
              SELECT outbox_endpoint_set('hooks', 'http://127.0.0.1:9/h', '{order.*}');
              SELECT outbox_endpoint_rotate_secret('hooks');
              SELECT outbox_endpoint_set('jobs', NULL, '{order.*}', kind => 'pull', ordered => true);
-             SELECT outbox_enqueue('order.placed', jsonb_build_object('n', n), 'k' || (n % 3)) FROM generate_series(1, 30) AS n;
+             -- 0.2.0 had no SQL install, so no SQL outbox_enqueue: its rows, as the library wrote them.
+             INSERT INTO outbox (topic, payload, key) SELECT 'order.placed', jsonb_build_object('n', n), 'k' || (n % 3) FROM generate_series(1, 30) AS n;
+             INSERT INTO outbox_deliveries (event_id, endpoint, key, waiting) SELECT id, 'hooks', NULL, false FROM outbox;
+             INSERT INTO outbox_deliveries (event_id, endpoint, key, waiting) SELECT id, 'jobs', key, id > 3 FROM outbox;
              UPDATE outbox_deliveries SET sent_at = now(), attempts = 1 WHERE endpoint = 'hooks' AND event_id <= 10;
              UPDATE outbox_deliveries SET dead_at = now(), attempts = 10, last_error = 'HTTP 500' WHERE endpoint = 'hooks' AND event_id = 11;
              SELECT outbox_mark_processed(id, 'billing') FROM generate_series(1, 5) AS id;",

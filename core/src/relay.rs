@@ -26,10 +26,12 @@ const REPEAT_WARNING_AFTER: Duration = Duration::from_secs(60);
 
 /// How a driver waits, and what it was asked meanwhile.
 pub trait Wake {
-    /// Whether commits should wake the relay from now on: only while it `can_claim`. True if
-    /// commits may have gone unheard until now (the relay could not claim, or the driver lost
-    /// its way of hearing them), so a claim is due at once.
-    fn listen(&mut self, can_claim: bool) -> bool;
+    /// Whether commits should wake the relay from now on: only while it `can_claim`, and a
+    /// driver for which a wakeup costs the committer something may skip them while the last
+    /// claim came back full (`backlog`: it claims again without waiting). True if commits may
+    /// have gone unheard until now (the relay could not claim, or the driver lost its way of
+    /// hearing them), so a claim is due at once.
+    fn listen(&mut self, can_claim: bool, backlog: bool) -> bool;
     /// Waits until a commit wakes the relay (true), `doorbell` is readable or `timeout` passes.
     fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool;
     /// What the relay was asked since the last call.
@@ -95,6 +97,8 @@ pub struct Relay<Q, W, R> {
     /// The last claim left due deliveries out for want of budget: claim again as soon as a
     /// request ends, since no commit may come to say they are there.
     left_out: bool,
+    /// Some endpoint's last claim came back full: more is due than one claim takes.
+    backlog: bool,
 }
 
 impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
@@ -111,6 +115,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             unrecorded_acks: Vec::new(),
             last_warning: None,
             left_out: false,
+            backlog: false,
         })
     }
 
@@ -148,7 +153,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             }
             self.delete_expired_if_due(timers)?;
             let can_claim = self.can_claim();
-            timers.claim_due |= self.wake.listen(can_claim);
+            timers.claim_due |= self.wake.listen(can_claim, self.backlog);
             let sleep = timers.sleep(can_claim, !self.unrecorded_acks.is_empty());
             let commit = self.wake.wait(self.sender.doorbell().fd(), sleep);
             timers.after_wait(commit, self.settings.poll_interval);
@@ -186,6 +191,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             let read_endpoints = std::mem::take(&mut timers.endpoints_stale);
             // None: no room, or nothing to send to; wait for a finished request or the poll.
             if let Some(full) = self.claim_and_send(read_endpoints)? {
+                self.backlog = full;
                 timers.after_claim(full, self.settings.poll_interval);
             }
         }

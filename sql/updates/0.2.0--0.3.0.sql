@@ -14,3 +14,7 @@
 DROP SEQUENCE @extschema@.outbox_endpoints_version;
 --@include endpoints_version.sql
 --@include endpoints.sql
+
+-- The outbox relay processes (`outbox relay`) record themselves, for the monitoring and for
+-- enqueues to know whether one waits for a notification.
+--@include relays.sql

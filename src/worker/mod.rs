@@ -186,7 +186,8 @@ struct WorkerWake {
 }
 
 impl Wake for WorkerWake {
-    fn listen(&mut self, can_claim: bool) -> bool {
+    /// Setting a latch costs a committer next to nothing: backlog or not.
+    fn listen(&mut self, can_claim: bool, _backlog: bool) -> bool {
         self.slot.set_wakes_on_commit(can_claim)
     }
 
