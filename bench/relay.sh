@@ -40,7 +40,7 @@ stop_relays() {
 }
 cleanup() {
   stop_relays
-  [ ! -f "$DIR/pgbouncer.pid" ] || as_postgres kill -INT "$(cat "$DIR/pgbouncer.pid")" 2>/dev/null || true
+  stop_pgbouncer "$DIR/pgbouncer"
   stop_cluster
   [ ! -f "$DIR/nginx.pid" ] || nginx -c "$DIR/nginx.conf" -s stop 2>/dev/null || true
   rm -rf "$DIR"
@@ -54,23 +54,7 @@ start_cluster "$DIR/pg" "$PORT" "outbox.workers = 2" "max_wal_size = '4GB'" "che
 psql_cluster -q -c "CREATE EXTENSION outbox_ext" -c "CREATE DATABASE sqli" -c "CREATE ROLE outbox_owner LOGIN" \
   -c "GRANT CREATE ON DATABASE sqli TO outbox_owner" -c "CREATE ROLE outbox_relay LOGIN IN ROLE outbox_owner"
 "$OUTBOX" migrate --database-url "postgres://outbox_owner@127.0.0.1:$PORT/sqli" 2>/dev/null
-printf '"outbox_relay" ""\n' > "$DIR/users.txt"
-cat > "$DIR/pgbouncer.ini" <<INI
-[databases]
-sqli = host=127.0.0.1 port=$PORT dbname=sqli
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $BOUNCER_PORT
-unix_socket_dir =
-auth_type = trust
-auth_file = $DIR/users.txt
-pool_mode = transaction
-default_pool_size = 8
-logfile = $DIR/pgbouncer.log
-pidfile = $DIR/pgbouncer.pid
-INI
-chown postgres "$DIR/users.txt" "$DIR/pgbouncer.ini" 2>/dev/null || true
-as_postgres pgbouncer -d "$DIR/pgbouncer.ini"
+start_pgbouncer "$DIR/pgbouncer" "$BOUNCER_PORT" outbox_relay
 
 # qs: a query on the SQL install, as q is on the extension's database.
 qs() { PGOPTIONS="-c search_path=outbox" psql_cluster -d sqli -tA -c "$1"; }

@@ -79,7 +79,7 @@ class Worker:
 class Scenarios:
     def __init__(self, name, program):
         self.name, self.program = name, program
-        self.db = psycopg.connect(DATABASE_URL, autocommit=True)
+        self.db = psycopg.connect(DATABASE_URL, autocommit=True, prepare_threshold=None)
         self.workers = []
         self.db.execute("CREATE TABLE IF NOT EXISTS client_effects (event_id bigint, worker text, applied_at timestamptz DEFAULT now())")
 

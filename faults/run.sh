@@ -38,27 +38,8 @@ if [ "$MODE" != workers ]; then
     -c "CREATE ROLE outbox_relay LOGIN IN ROLE outbox_owner"
   target/release/outbox migrate --database-url "postgres://outbox_owner@127.0.0.1:$PORT/postgres" --schema outbox
   BOUNCER_PORT=16350
-  mkdir -p "$DIR/pgbouncer"
-  printf '"outbox_relay" ""\n"postgres" ""\n' >"$DIR/pgbouncer/users.txt"
-  cat >"$DIR/pgbouncer/pgbouncer.ini" <<INI
-[databases]
-postgres = host=127.0.0.1 port=$PORT dbname=postgres
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $BOUNCER_PORT
-unix_socket_dir =
-auth_type = trust
-auth_file = $DIR/pgbouncer/users.txt
-pool_mode = transaction
-default_pool_size = 8
-max_client_conn = 100
-logfile = $DIR/pgbouncer/pgbouncer.log
-pidfile = $DIR/pgbouncer/pgbouncer.pid
-INI
-  chown -R postgres "$DIR/pgbouncer" 2>/dev/null || true
-  as_postgres pgbouncer -d "$DIR/pgbouncer/pgbouncer.ini"
-  stop_bouncer() { [ -f "$DIR/pgbouncer/pgbouncer.pid" ] && as_postgres kill -INT "$(cat "$DIR/pgbouncer/pgbouncer.pid")" 2>/dev/null; true; }
-  trap 'stop_bouncer; cleanup' EXIT
+  start_pgbouncer "$DIR/pgbouncer" "$BOUNCER_PORT" outbox_relay postgres
+  trap 'stop_pgbouncer "$DIR/pgbouncer"; cleanup' EXIT
   PGOPTIONS="-c search_path=outbox,public" FAULT_SCHEMA=outbox FAULT_RELAYS="$PWD/target/release/outbox" \
     FAULT_RELAY_URL="postgres://outbox_relay@127.0.0.1:$BOUNCER_PORT/postgres" \
     FAULT_LISTEN_URL="postgres://outbox_relay@127.0.0.1:$PORT/postgres" \

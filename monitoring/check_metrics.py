@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Drives a cluster (set up by monitoring/test.sh) and checks what the exporter shows: events
 enqueued and rolled back, delivered to one endpoint, failing to dead at another (503), failing
-at a third (down); a worker restarted; an endpoint disabled; and a second database (shop),
-whose series carry its own database label and counts. Prints the scraped outbox series."""
+at a third (down); a worker restarted; an endpoint disabled; a second database (shop),
+whose series carry its own database label and counts; and an outbox relay process counted
+among shop's relays while it runs. Prints the scraped outbox series."""
 
 import os
 import subprocess
@@ -15,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 PORT = os.environ["MONITORING_PGPORT"]
 RECEIVER_PORT = int(os.environ["MONITORING_RECEIVER_PORT"])
 METRICS_URL = os.environ["MONITORING_METRICS_URL"]
+OUTBOX_BINARY = os.environ["MONITORING_OUTBOX_BINARY"]
 EVENTS = 20
 SHOP_EVENTS = 7
 
@@ -121,6 +123,18 @@ def main():
     after = value(samples, "outbox_worker_attempts_total", outcome="2xx")
     assert after >= before == EVENTS, f"2xx attempts went from {before} to {after} across a worker restart"
     assert value(samples, "outbox_endpoint_disabled", endpoint="down") == 1, "down shows as disabled"
+
+    # An outbox relay process serving shop counts as a relay too, and no longer once it stops.
+    relay = subprocess.Popen([OUTBOX_BINARY, "relay", f"--database-url=postgres://postgres@127.0.0.1:{PORT}/shop",
+                              f"--webhook-url=http://127.0.0.1:{RECEIVER_PORT}/ok"], stderr=subprocess.DEVNULL)
+    try:
+        wait_until("shop's relay process is counted",
+                   lambda: value(scrape()[0], "outbox_workers_running", database="shop") == 3)
+    finally:
+        relay.terminate()
+        assert relay.wait(30) == 0, "the relay exits 0 on SIGTERM"
+    wait_until("the stopped relay is no longer counted",
+               lambda: value(scrape()[0], "outbox_workers_running", database="shop") == 2)
 
     print("== scraped from the exporter (outbox series):")
     print("\n".join(line for line in text.splitlines() if line.startswith("outbox_")))

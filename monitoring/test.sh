@@ -46,6 +46,7 @@ DATA_SOURCE_NAME="postgresql://postgres@127.0.0.1:$PORT/postgres?sslmode=disable
   --no-collector.database --no-collector.bgwriter \
   >"$DIR/exporter.log" 2>&1 &
 exporter=$!
-MONITORING_PGPORT=$PORT MONITORING_RECEIVER_PORT=$RECEIVER_PORT \
+cargo build --release -q -p outbox
+MONITORING_OUTBOX_BINARY="$PWD/target/release/outbox" MONITORING_PGPORT=$PORT MONITORING_RECEIVER_PORT=$RECEIVER_PORT \
   MONITORING_METRICS_URL="http://127.0.0.1:$EXPORTER_PORT/metrics" python3 monitoring/check_metrics.py ||
   { echo "exporter log:" >&2; tail -n 20 "$DIR/exporter.log" >&2; exit 1; }

@@ -91,3 +91,43 @@ psql_cluster() {
   # benchmark polls 20 times a second).
   "$PG_BIN/psql" -h 127.0.0.1 -p "$CLUSTER_PORT" -U postgres -X -v ON_ERROR_STOP=1 "$@"
 }
+
+# start_pgbouncer DIR PORT USER...: Debian's PgBouncer in transaction pooling mode on
+# 127.0.0.1:PORT in front of the cluster (every database), letting in the USERs (trust, as the
+# cluster does); run as the postgres OS user, which it must be (it refuses root), with its
+# configuration, log and pid file in DIR. Returns once it listens. stop_pgbouncer DIR stops it.
+start_pgbouncer() {
+  local dir=$1 port=$2 user
+  shift 2
+  mkdir -p "$dir"
+  : >"$dir/users.txt"
+  for user in "$@"; do printf '"%s" ""\n' "$user" >>"$dir/users.txt"; done
+  cat >"$dir/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=$CLUSTER_PORT
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/users.txt
+pool_mode = transaction
+# pgjdbc sets it at connection start; PgBouncer refuses a parameter it does not track.
+ignore_startup_parameters = extra_float_digits
+default_pool_size = 20
+max_client_conn = 200
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+  chown -R postgres "$dir" 2>/dev/null || true
+  as_postgres pgbouncer -d "$dir/pgbouncer.ini"
+  local deadline=$((SECONDS + 10))
+  until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || { echo "start_pgbouncer: PgBouncer does not listen on $port; its log:" >&2; tail -n 5 "$dir/pgbouncer.log" >&2; return 1; }
+    sleep 0.1
+  done
+}
+
+stop_pgbouncer() {
+  [ ! -f "$1/pgbouncer.pid" ] || as_postgres kill -INT "$(cat "$1/pgbouncer.pid")" 2>/dev/null || true
+}

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Builds the Debian package dist/postgresql-15-outbox-ext_<version>_<arch>.deb from
-# `cargo pgrx package`: the library, the control file, the current install script, the update
-# scripts and the frozen install scripts of released versions (so that an installed older
-# version can be updated). Depends on postgresql-15. Install it with
-# `apt-get install ./dist/postgresql-15-outbox-ext_*.deb`.
+# Builds the Debian packages:
+# - dist/postgresql-15-outbox-ext_<version>_<arch>.deb from `cargo pgrx package`: the library,
+#   the control file, the current install script, the update scripts and the frozen install
+#   scripts of released versions (so that an installed older version can be updated). Depends
+#   on postgresql-15.
+# - dist/outbox_<version>_<arch>.deb: the outbox binary (migrate, doctor, relay) for servers
+#   that load no library, with the hardened systemd unit outbox-relay.service, its
+#   configuration /etc/outbox/relay.conf and the system user outbox it runs as.
+# Install either with `apt-get install ./dist/<package>.deb`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +63,40 @@ CONTROL
 mkdir -p dist
 rm -f "dist/${NAME}_"*.deb
 DEB=dist/${NAME}_${VERSION}_${ARCH}.deb
+dpkg-deb --root-owner-group --build "$ROOT" "$DEB" >/dev/null
+echo "== $DEB"
+dpkg-deb --contents "$DEB" | awk '{ print "   " $6 }' | grep -v '/$'
+
+echo "== building outbox $VERSION (cargo build --release -p outbox)"
+cargo build --release -q -p outbox
+ROOT=$(mktemp -d /tmp/outbox-package.XXXXXX)
+trap 'rm -rf "$ROOT"' EXIT
+install -D -m 755 target/release/outbox "$ROOT/usr/bin/outbox"
+install -D -m 644 cli/packaging/outbox-relay.service "$ROOT/lib/systemd/system/outbox-relay.service"
+install -D -m 640 cli/packaging/relay.conf "$ROOT/etc/outbox/relay.conf"
+install -d "$ROOT/usr/share/doc/outbox"
+install -m 644 LICENSE "$ROOT/usr/share/doc/outbox/copyright"
+install -m 644 CHANGELOG.md docs/managed-postgresql.md "$ROOT/usr/share/doc/outbox/"
+install -d "$ROOT/DEBIAN"
+install -m 755 cli/packaging/postinst "$ROOT/DEBIAN/postinst"
+echo /etc/outbox/relay.conf > "$ROOT/DEBIAN/conffiles"
+cat > "$ROOT/DEBIAN/control" <<CONTROL
+Package: outbox
+Version: $VERSION
+Architecture: $ARCH
+Maintainer: outbox_ext maintainers <outbox-ext@localhost>
+Depends: libc6, libgcc-s1, adduser
+Section: database
+Priority: optional
+Installed-Size: $(du -sk "$ROOT/usr" | cut -f1)
+Description: transactional outbox for PostgreSQL servers that load no library
+ outbox migrate installs outbox_ext's tables and functions as plain SQL (on
+ RDS, Cloud SQL, Azure, Neon and the like), outbox doctor checks them, and
+ outbox relay delivers committed events to webhook endpoints from outside
+ the server, as outbox_ext's workers do; outbox-relay.service runs it.
+CONTROL
+rm -f dist/outbox_*.deb
+DEB=dist/outbox_${VERSION}_${ARCH}.deb
 dpkg-deb --root-owner-group --build "$ROOT" "$DEB" >/dev/null
 echo "== $DEB"
 dpkg-deb --contents "$DEB" | awk '{ print "   " $6 }' | grep -v '/$'

@@ -45,7 +45,7 @@ function work() {
     lease: env.LEASE ?? '30 seconds',
     pollMs: Number(env.POLL_MS ?? 1000),
     graceMs: Number(env.GRACE_MS ?? 10000),
-    schema: 'public',
+    schema: env.OUTBOX_SCHEMA || 'public',
   });
   for (const outcome of ['handled', 'duplicate', 'nacked', 'lost']) {
     worker.on(outcome, (job) => say(`${outcome} ${job.event_id} ${job.attempt}`));

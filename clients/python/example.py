@@ -61,7 +61,7 @@ def work(url: str) -> None:
         poll=int(env.get("POLL_MS") or 1000) / 1000,
         grace=int(env.get("GRACE_MS") or 10000) / 1000,
         on_event=on_event,
-        schema="public",
+        schema=env.get("OUTBOX_SCHEMA") or "public",
     ).run()
 
 

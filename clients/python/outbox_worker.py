@@ -317,7 +317,9 @@ class Worker:
             try:
                 # The claiming connection is in autocommit: each claim is its own transaction
                 # (its lease starts then) and notifications arrive between statements.
-                conn = psycopg.connect(self.conninfo, autocommit=listen)
+                # Unnamed statements only (prepare_threshold=None): a pooler in transaction mode
+                # may run each on another server, where a named one is unknown.
+                conn = psycopg.connect(self.conninfo, autocommit=listen, prepare_threshold=None)
                 if listen:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier("outbox." + self.endpoint)))
                 return conn

@@ -63,7 +63,7 @@ public final class Example {
             .lease(env("LEASE", "30 seconds"))
             .poll(Duration.ofMillis(Long.parseLong(env("POLL_MS", "1000"))))
             .grace(Duration.ofMillis(Long.parseLong(env("GRACE_MS", "10000"))))
-            .schema("public")
+            .schema(env("OUTBOX_SCHEMA", "public"))
             .listener((event, job) -> say(event.name().toLowerCase() + (job == null ? "" : " " + job.eventId() + " " + job.attempt())));
         worker.stopOnSignals();
         worker.run();

@@ -405,6 +405,7 @@ public final class OutboxWorker {
                 String url = jdbcUrl(databaseUrl, props);
                 props.putIfAbsent("ApplicationName", "outbox " + role + " " + endpoint);
                 props.putIfAbsent("tcpKeepAlive", "true");
+                unnamedStatements(props);
                 Connection c = DriverManager.getConnection(url, props);
                 c.setAutoCommit(autoCommit); // handlers: off, one transaction per job; the claimer: on
                 return c;
@@ -420,7 +421,15 @@ public final class OutboxWorker {
     /** A JDBC connection for a libpq URI (postgresql://user:password@host:port/db?param=value) or a jdbc: URL. */
     public static Connection connect(String databaseUrl) throws SQLException {
         Properties props = new Properties();
-        return DriverManager.getConnection(jdbcUrl(databaseUrl, props), props);
+        String url = jdbcUrl(databaseUrl, props);
+        unnamedStatements(props);
+        return DriverManager.getConnection(url, props);
+    }
+
+    /** Unnamed statements only, unless the URL asks otherwise: a pooler in transaction mode
+     *  (PgBouncer before 1.21) may run each on another server, where a named one is unknown. */
+    static void unnamedStatements(Properties props) {
+        props.putIfAbsent("prepareThreshold", "0");
     }
 
     /** The JDBC URL for a libpq URI; user, password and parameters go to props (no re-encoding). */
