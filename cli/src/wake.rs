@@ -56,10 +56,6 @@ impl ProcessWake {
         };
         Ok(ProcessWake { commits, wants_notifications: Arc::new(AtomicBool::new(false)), relistened, stop, hangup, signalled })
     }
-
-    pub fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-    }
 }
 
 impl Wake for ProcessWake {
@@ -97,20 +93,6 @@ impl Wake for ProcessWake {
             say(Level::Log, "SIGHUP: the relay reads its configuration when it starts; restart it to apply a change");
         }
         Asked::Nothing
-    }
-}
-
-impl Wake for &mut ProcessWake {
-    fn listen(&mut self, can_claim: bool, backlog: bool) -> bool {
-        (**self).listen(can_claim, backlog)
-    }
-
-    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool {
-        (**self).wait(doorbell, timeout)
-    }
-
-    fn asked(&mut self) -> Asked {
-        (**self).asked()
     }
 }
 

@@ -77,24 +77,19 @@ fn migrate_is_versioned_runs_once_at_a_time_and_its_dry_run_changes_nothing() {
     assert_eq!(schemas, 0, "a dry run creates nothing");
 
     let url = url("outbox_owner", "outbox_t_versions");
-    let both: Vec<_> =
-        (0..2).map(|_| std::process::Command::new(BINARY).args(["migrate", "--database-url", &url]).output_in_background()).collect();
+    let both: Vec<_> = (0..2)
+        .map(|_| {
+            let mut migrate = std::process::Command::new(BINARY);
+            migrate.args(["migrate", "--database-url", &url]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+            migrate.spawn().unwrap()
+        })
+        .collect();
     for output in both.into_iter().map(|child| child.wait_with_output().unwrap()) {
         assert!(output.status.success(), "{}", text(&output));
     }
     let versions: Vec<String> = db.query("SELECT version FROM outbox.outbox_migrations", &[]).unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(versions, ["0.3.0"], "two migrates at once apply the step once");
     assert!(migrate("outbox_t_versions", &[]).contains("nothing to do"));
-}
-
-trait Background {
-    fn output_in_background(&mut self) -> std::process::Child;
-}
-
-impl Background for std::process::Command {
-    fn output_in_background(&mut self) -> std::process::Child {
-        self.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()
-    }
 }
 
 /// Every row of the tables a 0.2.0 user fills, as JSON.

@@ -187,14 +187,6 @@ impl FailureColumns {
             caps: failed.iter().map(|(_, cap)| *cap).collect(),
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.errors.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.errors.is_empty()
-    }
 }
 
 /// A duration as float8 milliseconds, the type the statements multiply an interval by.

@@ -38,6 +38,21 @@ pub trait Wake {
     fn asked(&mut self) -> Asked;
 }
 
+/// A driver that runs the loop more than once (after the outbox went away) lends its wake.
+impl<W: Wake + ?Sized> Wake for &mut W {
+    fn listen(&mut self, can_claim: bool, backlog: bool) -> bool {
+        (**self).listen(can_claim, backlog)
+    }
+
+    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool {
+        (**self).wait(doorbell, timeout)
+    }
+
+    fn asked(&mut self) -> Asked {
+        (**self).asked()
+    }
+}
+
 /// A request from outside the loop, which it checks between its steps.
 pub enum Asked {
     Nothing,
