@@ -56,9 +56,12 @@ impl ClientQueue {
     pub fn new(url: &str, client: Client, outbox: Outbox, sql_schema: &str, presence: Presence, metrics: Arc<Metrics>) -> ClientQueue {
         // The workers' session settings, for this transaction only; but the isolation level is
         // BEGIN's, and deadlock_timeout is a superuser's to set (the relay's role need not be).
+        // Every commit waits for the WAL, as the server is configured to: unlike a worker, this
+        // process outlives a server crash, and a claim lost in one would let another relay send
+        // the delivery while this one still sends it (for an ordered key, two in flight at once).
         let settings: Vec<String> = SESSION_SETTINGS
             .iter()
-            .filter(|(name, _)| !matches!(*name, "default_transaction_isolation" | "deadlock_timeout"))
+            .filter(|(name, _)| !matches!(*name, "default_transaction_isolation" | "deadlock_timeout" | "synchronous_commit"))
             .map(|(name, value)| format!("pg_catalog.set_config({}, {}, true)", quote_literal(name), quote_literal(value)))
             .collect();
         let statements = Statements {
@@ -185,7 +188,6 @@ impl Queue for ClientQueue {
         })
     }
 
-    /// With `synchronous_commit = off` (the relay's setting), as the workers claim.
     fn claim_batch(&mut self, claim: &ClaimArguments, version: i64) -> Result<Option<Vec<ClaimedRow>>, QueueError> {
         let claimer = self.presence.id;
         self.transaction(|client, statements| {
@@ -219,11 +221,9 @@ impl Queue for ClientQueue {
         })
     }
 
-    /// Durable before the relay goes on: the server's own synchronous_commit, not the relay's.
     fn mark_sent(&mut self, acks: &AttemptColumns) -> Result<i64, QueueError> {
         let deliveries = self.outbox.deliveries;
         self.transaction(|client, statements| {
-            client.batch_execute("SET LOCAL synchronous_commit TO DEFAULT")?;
             let arguments: [(&(dyn ToSql + Sync), Type); 4] = [
                 (&acks.endpoints, Type::TEXT_ARRAY),
                 (&acks.ids, Type::INT8_ARRAY),

@@ -28,7 +28,8 @@ pub trait Queue {
     /// endpoints to claim for and the version they are at.
     fn load_endpoints(&mut self, disable_after: Option<Duration>) -> Result<EndpointsRead, QueueError>;
     /// Claims what `claim` asks for, unless the endpoints are no longer at `version`
-    /// (`Ok(None)`): rows of `sql/claim_batch.sql`, with synchronous_commit off.
+    /// (`Ok(None)`): rows of `sql/claim_batch.sql`. Only a driver that a server crash stops
+    /// too may commit it with synchronous_commit off.
     fn claim_batch(&mut self, claim: &ClaimArguments, version: i64) -> Result<Option<Vec<ClaimedRow>>, QueueError>;
     /// Records acknowledged deliveries durably, in a transaction of their own; returns how
     /// many deliveries of ordered keys that made claimable.

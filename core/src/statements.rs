@@ -56,7 +56,8 @@ pub const SESSION_SETTINGS: [(&str, &str); 8] = [
     // A claim, a failure or a retention pass lost in a crash costs at most a request sent
     // again, which the lease allows anyway: their commits need not wait for the WAL to reach
     // disk (the claim is on every event's way to its receiver). Recording an acknowledgement
-    // does wait, as the server is configured to (see `mark_sent`).
+    // does wait, as the server is configured to (see `mark_sent`). This holds for a worker,
+    // which a crash stops too; a driver outside the server leaves this setting out.
     ("synchronous_commit", "off"),
     // In a deadlock with someone's DDL (DROP EXTENSION, a TRUNCATE, an ALTER TABLE that locks
     // the tables in another order than a worker statement), the worker, which checks first, is
