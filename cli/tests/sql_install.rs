@@ -5,6 +5,8 @@ mod support;
 
 use std::time::Duration;
 
+use postgres::fallible_iterator::FallibleIterator;
+
 use support::*;
 
 const DESCRIBE: &str = include_str!("../../sql/describe.sql");
@@ -206,4 +208,133 @@ fn the_relay_delivers_from_the_sql_install_woken_by_listen_and_refuses_a_newer_s
     assert_eq!(output.status.code(), Some(1));
     assert!(text(&output).contains("is version 9.9.9, newer than this relay (0.3.0)"), "{}", text(&output));
     assert_eq!(receiver.count(), 1, "the rolled-back event was never sent");
+}
+
+/// Operators and functions a non-superuser plants in `evil`, each an exact match for a lookup
+/// that outbox_enqueue would make if it named something without its schema; each records that
+/// it ran (as whoever called it: outbox_enqueue's owner, had it been redirected).
+const PLANTS: [(&str, &str, &str, &str); 11] = [
+    ("FUNCTION", "now()", "timestamptz", "pg_catalog.now()"),
+    ("FUNCTION", "octet_length(text)", "integer", "pg_catalog.octet_length($1)"),
+    ("FUNCTION", "btrim(text)", "text", "pg_catalog.btrim($1)"),
+    ("FUNCTION", "current_setting(text, boolean)", "text", "pg_catalog.current_setting($1, $2)"),
+    ("FUNCTION", "pg_notify(text, text)", "void", "pg_catalog.pg_notify($1, $2)"),
+    ("OPERATOR", "=(text, text)", "boolean", "$1 OPERATOR(pg_catalog.=) $2"),
+    ("OPERATOR", "<>(text, text)", "boolean", "$1 OPERATOR(pg_catalog.<>) $2"),
+    ("OPERATOR", ">(integer, integer)", "boolean", "$1 OPERATOR(pg_catalog.>) $2"),
+    ("OPERATOR", "=(bigint, integer)", "boolean", "$1 OPERATOR(pg_catalog.=) $2"),
+    ("OPERATOR", "&&(text[], text[])", "boolean", "$1 OPERATOR(pg_catalog.&&) $2"),
+    ("OPERATOR", "||(text, text)", "text", "$1 OPERATOR(pg_catalog.||) $2"),
+];
+
+fn plant(db: &mut postgres::Client) {
+    db.batch_execute(
+        "DO $$ BEGIN CREATE ROLE mallory LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+         CREATE TABLE public.planted_calls (what text); GRANT INSERT ON public.planted_calls TO PUBLIC;
+         CREATE SCHEMA evil AUTHORIZATION mallory; SET ROLE mallory;
+         -- Visible to every role, outbox_enqueue's owner included.
+         GRANT USAGE ON SCHEMA evil TO PUBLIC",
+    )
+    .unwrap();
+    for (index, (kind, signature, returns, body)) in PLANTS.iter().enumerate() {
+        let (name, arguments) = signature.split_once('(').unwrap();
+        let arguments = arguments.trim_end_matches(')');
+        let function = if *kind == "FUNCTION" { name.to_string() } else { format!("planted_{index}") };
+        let returned = if *returns == "void" { format!("PERFORM {body}; RETURN") } else { format!("RETURN {body}") };
+        db.batch_execute(&format!(
+            "CREATE FUNCTION evil.{function}({arguments}) RETURNS {returns} LANGUAGE plpgsql AS $plant$
+             BEGIN INSERT INTO public.planted_calls VALUES ('{signature}'); {returned}; END $plant$"
+        ))
+        .unwrap();
+        if *kind == "OPERATOR" {
+            let (left, right) = arguments.split_once(", ").unwrap();
+            db.batch_execute(&format!("CREATE OPERATOR evil.{name} (LEFTARG = {left}, RIGHTARG = {right}, FUNCTION = evil.{function})"))
+                .unwrap();
+        }
+    }
+    db.batch_execute("RESET ROLE").unwrap();
+}
+
+/// What the enqueues wrote, with the times as whether they are an hour ahead.
+const WRITTEN: &str = "
+    SELECT jsonb_build_array(
+        (SELECT jsonb_agg(jsonb_build_array(o.id, o.topic, o.payload, o.key) ORDER BY o.id) FROM outbox AS o),
+        (SELECT jsonb_agg(jsonb_build_array(d.event_id, d.endpoint, d.key, d.waiting, d.available_at > now() + interval '30 minutes')
+                          ORDER BY d.event_id, d.endpoint) FROM outbox_deliveries AS d),
+        (SELECT jsonb_agg(jsonb_build_array(a.endpoint, a.key) ORDER BY a.endpoint, a.key) FROM outbox_key_arrivals AS a),
+        (SELECT jsonb_agg(u.event_id ORDER BY u.event_id) FROM outbox_unrouted AS u))::text";
+
+/// Runs every path of outbox_enqueue in `database` as mallory, whose search_path puts the
+/// plants first; returns what was written, the notifications a listener got, and the error
+/// of an enqueue whose routed endpoint changed after its snapshot was taken.
+fn enqueue_every_way(database: &str, schema: &str) -> (String, Vec<String>, String) {
+    let mut db = connect("postgres", database);
+    plant(&mut db);
+    db.batch_execute(&format!(
+        "SET search_path = {schema};
+         GRANT USAGE ON SCHEMA {schema} TO mallory;
+         GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, timestamptz) TO mallory;
+         SELECT outbox_endpoint_drop('default');
+         SELECT outbox_endpoint_set('hooks', 'http://127.0.0.1:9/h', '{{order.*}}');
+         SELECT outbox_endpoint_set('jobs', NULL, '{{order.*}}', kind => 'pull', ordered => true, notify => true);"
+    ))
+    .unwrap();
+    let mut listener = connect("postgres", database);
+    listener.batch_execute("LISTEN \"outbox.jobs\"; LISTEN outbox_enqueued").unwrap();
+
+    let mut caller = connect("mallory", database);
+    caller.batch_execute(&format!("SET search_path = evil, pg_catalog, {schema}")).unwrap();
+    caller
+        .batch_execute(
+            "SELECT outbox_enqueue('order.placed', '{\"n\": 1}');
+             SELECT outbox_enqueue('order.placed', '{\"n\": 2}', 'k1');
+             SELECT outbox_enqueue('nobody.listens', '{}');
+             SELECT outbox_enqueue('order.later', '{}', NULL, pg_catalog.now() OPERATOR(pg_catalog.+) interval '1 hour');",
+        )
+        .unwrap();
+    caller.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+    caller.batch_execute("SELECT outbox_enqueue('order.placed', '{\"n\": 3}', 'k1'); COMMIT").unwrap();
+    // A limit of its own is a superuser's to set.
+    db.batch_execute(&format!(
+        "SET search_path = evil, pg_catalog, {schema}; SET outbox.max_payload_bytes = '2MB';
+         SELECT outbox_enqueue('order.large', jsonb_build_object('x', repeat('y', 1500000)));
+         RESET outbox.max_payload_bytes; SET search_path = {schema}"
+    ))
+    .unwrap();
+    caller.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+    caller.batch_execute("SELECT 1").unwrap();
+    db.batch_execute("SELECT outbox_endpoint_set('hooks', 'http://127.0.0.1:9/moved', '{order.*}')").unwrap();
+    let changed = caller.batch_execute("SELECT outbox_enqueue('order.placed', '{}')").expect_err("the endpoint changed after the snapshot");
+    caller.batch_execute("ROLLBACK").unwrap();
+    let changed = changed.as_db_error().map(|e| e.code().code().to_string()).unwrap_or_default();
+
+    let mut heard: Vec<String> =
+        listener.notifications().timeout_iter(Duration::from_secs(2)).map(|n| Ok(n.channel().to_string())).collect().unwrap();
+    heard.sort();
+    heard.dedup();
+
+    let planted: Vec<String> = db.query("SELECT what FROM public.planted_calls", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert!(planted.is_empty(), "planted objects ran in {database}: {planted:?}");
+    let superuser: bool = db.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'", &[]).unwrap().get(0);
+    assert!(!superuser);
+    (db.query_one(WRITTEN, &[]).unwrap().get(0), heard, changed)
+}
+
+#[test]
+fn enqueue_in_sql_writes_what_the_library_writes_whatever_the_callers_search_path() {
+    fresh_database("outbox_t_enqueue_sql");
+    migrate("outbox_t_enqueue_sql", &[]);
+    fresh_database("outbox_t_enqueue_ext").batch_execute("CREATE EXTENSION outbox_ext").unwrap();
+    // A relay that waits for work, as `outbox relay` records itself when its queue is empty.
+    connect("postgres", "outbox_t_enqueue_sql")
+        .batch_execute("INSERT INTO outbox.outbox_relays (host, pid, version, listening) VALUES ('test', 1, '0.3.0', true)")
+        .unwrap();
+
+    let (library, library_heard, library_changed) = enqueue_every_way("outbox_t_enqueue_ext", "public");
+    let (sql, sql_heard, sql_changed) = enqueue_every_way("outbox_t_enqueue_sql", "outbox");
+    assert!(library.contains("[2, \"jobs\", \"k1\", true, false]") && library.contains("[\"jobs\", \"k1\"]"), "{library}");
+    assert_eq!(sql, library, "the same rows");
+    assert_eq!(library_heard, ["outbox.jobs"]);
+    assert_eq!(sql_heard, ["outbox.jobs", "outbox_enqueued"], "the pull endpoint's and the waiting relay's notifications");
+    assert_eq!((sql_changed.as_str(), library_changed.as_str()), ("40001", "40001"), "a changed endpoint fails the enqueue");
 }
