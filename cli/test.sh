@@ -15,6 +15,18 @@ cleanup() { stop_cluster; rm -rf "$DIR"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-start_cluster "$DIR/pg" "$PORT" "outbox.workers = 0"
+# TLS as a managed server offers it: a certificate for 127.0.0.1 signed by a CA of the test's
+# own, and another CA that signed nothing the server shows.
+TLS=$DIR/tls
+mkdir -p "$TLS"
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=outbox test CA" -keyout "$TLS/ca.key" -out "$TLS/ca.pem" 2>/dev/null
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=another CA" -keyout "$TLS/other-ca.key" -out "$TLS/other-ca.pem" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout "$TLS/server.key" -out "$TLS/server.csr" 2>/dev/null
+openssl x509 -req -in "$TLS/server.csr" -CA "$TLS/ca.pem" -CAkey "$TLS/ca.key" -CAcreateserial -days 2 \
+  -extfile <(echo "subjectAltName = IP:127.0.0.1") -out "$TLS/server.pem" 2>/dev/null
+chown postgres "$TLS/server.key" "$TLS/server.pem" 2>/dev/null || true
+chmod 600 "$TLS/server.key"
+
+start_cluster "$DIR/pg" "$PORT" "outbox.workers = 0" "ssl = on" "ssl_cert_file = '$TLS/server.pem'" "ssl_key_file = '$TLS/server.key'"
 # One at a time: a test's relay must not deliver another test's events.
-OUTBOX_TEST_URL="postgres://postgres@127.0.0.1:$PORT/postgres" cargo test -q -p outbox --test '*' -- --test-threads=1 "$@"
+OUTBOX_TEST_URL="postgres://postgres@127.0.0.1:$PORT/postgres" OUTBOX_TEST_TLS="$TLS" cargo test -q -p outbox --test '*' -- --test-threads=1 "$@"

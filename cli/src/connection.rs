@@ -4,8 +4,9 @@
 use std::str::FromStr;
 
 use postgres::types::Type;
-use postgres::{Client, Config, NoTls};
+use postgres::{Client, Config};
 
+use crate::tls::{connector, take_tls, TlsError};
 use outbox_core::statements::qualify;
 
 const FIND_EXTENSION: &str = include_str!("../../sql/find_extension.sql");
@@ -17,6 +18,8 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub enum ConnectError {
     #[error("the database URL is not valid: {0}")]
     Url(postgres::Error),
+    #[error("the database URL's TLS settings: {0}")]
+    Tls(#[from] TlsError),
     #[error("cannot connect: {0}")]
     Connect(String),
 }
@@ -25,20 +28,30 @@ pub enum ConnectError {
 /// it). No statement of ours depends on session state: a pooler in transaction mode may give
 /// each transaction another server process. Every statement goes through `query_typed`, an
 /// unnamed statement, never a named prepared one a pooler could not follow.
+/// TLS as the URL's `sslmode` asks (crate::tls).
 pub fn connect(url: &str, application_name: &str) -> Result<Client, ConnectError> {
-    let mut config = Config::from_str(url).map_err(ConnectError::Url)?;
+    let (url, tls) = take_tls(url)?;
+    let mut config = Config::from_str(&url).map_err(ConnectError::Url)?;
     if config.get_application_name().is_none() {
         config.application_name(application_name);
     }
-    config.connect(NoTls).map_err(|e| ConnectError::Connect(error_text(&e)))
+    config.ssl_mode(tls.mode);
+    config.connect(connector(&tls)?).map_err(|e| ConnectError::Connect(error_text(&e)))
 }
 
-/// A database error with its SQLSTATE, or what went wrong with the connection.
+/// A database error with its SQLSTATE, or what went wrong with the connection and why (a
+/// TLS handshake fails for a reason the error's source gives).
 pub fn error_text(error: &postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => error.to_string(),
+    if let Some(db) = error.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
     }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
 }
 
 /// An outbox found in the database.

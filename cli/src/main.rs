@@ -21,6 +21,7 @@ mod presence;
 mod queue;
 mod relay;
 mod script;
+mod tls;
 mod wake;
 
 use std::path::PathBuf;

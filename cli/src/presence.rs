@@ -24,6 +24,11 @@ pub struct Presence {
     host: String,
     /// Whether the relay waits for commits and wants them notified (set by the wake side).
     pub wants_notifications: Arc<AtomicBool>,
+    /// Set once the row says so: a commit that read the row before then sent no notification,
+    /// and the claim that followed may have been too early to see it.
+    unheard: Arc<AtomicBool>,
+    /// The open transaction turns notifications on.
+    turns_on: bool,
     /// What the row says, and when it was last written; `None` after a transaction that
     /// wrote it failed.
     written: Option<(bool, Instant)>,
@@ -33,7 +38,12 @@ pub struct Presence {
 impl Presence {
     /// Adds the relay's row to the outbox's `outbox_relays`, first removing rows of relays
     /// long gone.
-    pub fn register(client: &mut Client, outbox: &Outbox, wants_notifications: Arc<AtomicBool>) -> Result<Presence, postgres::Error> {
+    pub fn register(
+        client: &mut Client,
+        outbox: &Outbox,
+        wants_notifications: Arc<AtomicBool>,
+        unheard: Arc<AtomicBool>,
+    ) -> Result<Presence, postgres::Error> {
         let schema = &outbox.schema;
         let host = hostname();
         client.batch_execute(&format!(
@@ -51,6 +61,8 @@ impl Presence {
             id,
             host,
             wants_notifications,
+            unheard,
+            turns_on: false,
             written: Some((false, Instant::now())),
             // Also puts the row back if it was removed as a dead relay's meanwhile (the
             // database was out of reach for minutes).
@@ -76,13 +88,22 @@ impl Presence {
             (&wanted, Type::BOOL),
         ];
         client.query_typed(&self.upsert, &arguments)?;
+        self.turns_on = wanted && !self.written.is_some_and(|(said, _)| said);
         self.written = Some((wanted, Instant::now()));
         Ok(())
+    }
+
+    /// The transaction committed.
+    pub fn committed(&mut self) {
+        if std::mem::take(&mut self.turns_on) {
+            self.unheard.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The transaction that refreshed the row did not commit: write it again in the next.
     pub fn unwritten(&mut self) {
         self.written = None;
+        self.turns_on = false;
     }
 }
 

@@ -118,6 +118,7 @@ impl ClientQueue {
         });
         match result {
             Ok(value) => {
+                self.presence.committed();
                 self.metrics.database_up.store(true, Ordering::Relaxed);
                 Ok(value)
             }

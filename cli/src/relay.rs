@@ -39,7 +39,7 @@ pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
         let Some((mut client, outbox)) = wait_for_outbox(url, schema, &mut wake, &metrics, settings.poll_interval)? else {
             return Ok(());
         };
-        let presence = match Presence::register(&mut client, &outbox, wake.wants_notifications.clone()) {
+        let presence = match Presence::register(&mut client, &outbox, wake.wants_notifications.clone(), wake.unheard.clone()) {
             Ok(presence) => presence,
             Err(e) => {
                 say(Level::Warning, &format!("cannot record this relay in outbox_relays: {}", error_text(&e)));

@@ -25,8 +25,9 @@ pub struct ProcessWake {
     commits: Option<Arc<Doorbell>>,
     /// Whether the relay wants a NOTIFY per commit now, which its row in outbox_relays says.
     pub wants_notifications: Arc<AtomicBool>,
-    /// Set by the listener thread when it (re)connects: commits may have gone unheard.
-    relistened: Arc<AtomicBool>,
+    /// Commits may have gone unheard: set by the listener thread when it (re)connects, and by
+    /// the relay's row once it says the relay wants notifications (crate::presence).
+    pub unheard: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     hangup: Arc<AtomicBool>,
     /// Readable once a signal arrived, so that a wait ends at once.
@@ -45,16 +46,16 @@ impl ProcessWake {
         }
         signal_hook::flag::register(SIGHUP, hangup.clone())?;
         signal_hook::low_level::pipe::register(SIGHUP, signal_sender)?;
-        let relistened = Arc::new(AtomicBool::new(false));
+        let unheard = Arc::new(AtomicBool::new(false));
         let commits = match listen_url {
             Some(url) => {
                 let bell = Arc::new(Doorbell::new()?);
-                start_listener(url.to_string(), bell.clone(), relistened.clone())?;
+                start_listener(url.to_string(), bell.clone(), unheard.clone())?;
                 Some(bell)
             }
             None => None,
         };
-        Ok(ProcessWake { commits, wants_notifications: Arc::new(AtomicBool::new(false)), relistened, stop, hangup, signalled })
+        Ok(ProcessWake { commits, wants_notifications: Arc::new(AtomicBool::new(false)), unheard, stop, hangup, signalled })
     }
 }
 
@@ -65,7 +66,7 @@ impl Wake for ProcessWake {
     fn listen(&mut self, can_claim: bool, backlog: bool) -> bool {
         let wanted = self.commits.is_some() && can_claim && !backlog;
         let asked_again = wanted && !self.wants_notifications.swap(wanted, Ordering::Relaxed);
-        self.relistened.swap(false, Ordering::Relaxed) || asked_again
+        self.unheard.swap(false, Ordering::Relaxed) || asked_again
     }
 
     fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool {
@@ -98,8 +99,8 @@ impl Wake for ProcessWake {
 
 /// A thread that LISTENs on its own connection and rings `bell` at each notification; when the
 /// connection is lost it connects again (every second at most) and says so through
-/// `relistened`, since commits made meanwhile were not heard.
-fn start_listener(url: String, bell: Arc<Doorbell>, relistened: Arc<AtomicBool>) -> std::io::Result<()> {
+/// `unheard`, since commits made meanwhile were not heard.
+fn start_listener(url: String, bell: Arc<Doorbell>, unheard: Arc<AtomicBool>) -> std::io::Result<()> {
     std::thread::Builder::new().name("outbox-listen".into()).spawn(move || {
         let mut said = String::new();
         loop {
@@ -110,7 +111,7 @@ fn start_listener(url: String, bell: Arc<Doorbell>, relistened: Arc<AtomicBool>)
                             say(Level::Log, "listening for commits again");
                             said.clear();
                         }
-                        relistened.store(true, Ordering::Relaxed);
+                        unheard.store(true, Ordering::Relaxed);
                         bell.ring();
                         let mut notifications = client.notifications();
                         let mut heard = notifications.blocking_iter();
