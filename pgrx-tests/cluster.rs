@@ -214,3 +214,17 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
         thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// sql/claim.sql's statement, the claim every claimer runs, prepared as `claim` (its arguments
+/// by number, as outbox_claim_due names them) with the function's settings, in the transaction
+/// the caller has open: for the tests that read its plan.
+pub fn prepare_claim() -> String {
+    let source = include_str!("../sql/claim.sql");
+    let start = source.find("RETURN QUERY\n").expect("the claim's statement") + "RETURN QUERY\n".len();
+    let end = start + source[start..].find(";\nEND\n").expect("the end of the claim's statement");
+    format!(
+        "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off;
+         SET LOCAL jit = off; PREPARE claim(text, text[], bigint[], float8[], integer[], bigint, integer) AS {}",
+        source[start..end].replace("@extschema@", "public")
+    )
+}

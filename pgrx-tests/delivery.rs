@@ -1,9 +1,7 @@
 use std::time::Duration;
 
-use super::cluster::{db, wait_until};
+use super::cluster::{db, prepare_claim, wait_until};
 use super::receiver::{Receiver, Reply};
-use crate::catalog::{Installation, LIBRARY_VERSION};
-use crate::worker::claim_batch_sql;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const OTHER_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
@@ -87,20 +85,10 @@ fn claims_are_served_by_the_partial_index() {
     db.insert_deliveries("history", 20_000, "sent_at", "now()");
     db.insert_deliveries("pending", 10, "attempts", "0");
     db.execute("ANALYZE outbox; ANALYZE outbox_deliveries");
-    let installation = Installation {
-        schema: "public".into(),
-        version: LIBRARY_VERSION.into(),
-        oid: pgrx::pg_sys::InvalidOid,
-        namespace: pgrx::pg_sys::InvalidOid,
-        deliveries: pgrx::pg_sys::InvalidOid,
-    };
-    db.execute(&format!(
-        "BEGIN; PREPARE claim(text[], bigint[], float8[], integer[], bigint, integer) AS {}",
-        claim_batch_sql(&installation)
-    ));
+    db.execute(&format!("BEGIN; {}", prepare_claim()));
     let plan: Vec<String> = db
         .client
-        .query("EXPLAIN EXECUTE claim('{default}', '{100}', '{30000}', '{10}', 67108864, 1)", &[])
+        .query("EXPLAIN EXECUTE claim('webhook', '{default}', '{100}', '{30000}', '{10}', 67108864, 1)", &[])
         .unwrap()
         .iter()
         .map(|row| row.get(0))

@@ -5,10 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::cluster::{db, wait_until, Db};
+use super::cluster::{db, prepare_claim, wait_until, Db};
 use super::receiver::{Receiver, Reply};
-use crate::catalog::{Installation, LIBRARY_VERSION};
-use crate::worker::claim_batch_sql;
 
 /// Makes `name` an ordered pull endpoint for every topic; `extra` adds named arguments.
 fn ordered_pull_endpoint(db: &mut Db, name: &str, extra: &str) {
@@ -224,20 +222,14 @@ fn claims_never_read_the_deliveries_waiting_behind_their_keys() {
     assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_deliveries WHERE waiting"), 99_000);
     // The relay's own claim statement, as a worker would run it if `jobs` were a webhook
     // endpoint (the kind changes only inside this transaction, which is rolled back).
-    let installation = Installation {
-        schema: "public".into(),
-        version: LIBRARY_VERSION.into(),
-        oid: pgrx::pg_sys::InvalidOid,
-        namespace: pgrx::pg_sys::InvalidOid,
-        deliveries: pgrx::pg_sys::InvalidOid,
-    };
     db.execute(&format!(
-        "BEGIN; UPDATE outbox_endpoints SET kind = 'webhook', url = 'http://127.0.0.1:9/' WHERE name = 'jobs';
-         PREPARE claim(text[], bigint[], float8[], integer[], bigint, integer) AS {}",
-        claim_batch_sql(&installation)
+        "BEGIN; UPDATE outbox_endpoints SET kind = 'webhook', url = 'http://127.0.0.1:9/' WHERE name = 'jobs'; {}",
+        prepare_claim()
     ));
     let plan = db
-        .column::<String>("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE claim('{jobs}', '{100}', '{30000}', '{10}', 67108864, 1)")
+        .column::<String>(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE claim('webhook', '{jobs}', '{100}', '{30000}', '{10}', 67108864, 1)",
+        )
         .join("\n");
     db.execute("ROLLBACK; DEALLOCATE claim");
     assert!(plan.contains("outbox_deliveries_pending"), "the claim walks the pending index:\n{plan}");

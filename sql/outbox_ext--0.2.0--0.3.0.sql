@@ -508,3 +508,511 @@ AS $$
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_relay_processes() FROM PUBLIC;
+
+-- The claim is one function, sql/claim.sql, which the relay's statement and outbox_claim both
+-- call: outbox_claim had a second copy of it.
+-- The claim: due deliveries of the endpoints of one kind ('webhook' for the relay, 'pull' for
+-- outbox_claim), locked, leased and counted as an attempt, in the one statement that the
+-- relay workers, `outbox relay` and pull consumers all run (sql/claim_batch.sql calls it for
+-- the relay; outbox_claim in sql/pull.sql for consumers). Call it in autocommit.
+--
+-- For each endpoint in endpoints at most the matching max_events, so a backlog at one
+-- endpoint never stands in front of another's fresh events. Each inner SELECT walks that
+-- endpoint's part of the outbox_deliveries_pending index in claim order and skips rows another
+-- claimer has locked; the UPDATE pushes available_at forward by the endpoint's lease
+-- (leases_ms, milliseconds: longer than its request timeout), so if the claimer dies the
+-- deliveries become claimable again by themselves, and never while their request may still
+-- run. The lease counts from when the row is taken (clock_timestamp), not from the
+-- transaction's start: a claim that waited for a lock (an endpoint being dropped, say) must
+-- not hand out leases already spent. A disabled (or dropped) endpoint gets nothing, even if
+-- the claimer has not noticed yet.
+-- A delivery that already had the endpoint's max_attempts is made dead instead of being
+-- attempted again: its last lease ran out with no outcome recorded, or the cap was lowered
+-- since. Its claimer died during the attempt, perhaps of this very delivery, which would
+-- otherwise come back forever (a relay that stops takes its abandoned attempts back:
+-- sql/uncount_abandoned.sql). So no claim starts an attempt numbered beyond max_attempts.
+-- Counted by their size as sent, the claim takes about max_bytes of payload (no limit if
+-- null): due rows are weighed oldest first over all endpoints and taken while their sizes add
+-- up to no more (the first one whatever its size). Rows locked and not taken stay as they
+-- were. Each payload is read once, where its delivery is locked, for its size and the rest.
+-- Returns the claimed deliveries, with their event and, for a webhook, the delivery envelope
+-- as body: {"type", "timestamp", "data"}; and the claim's fencing token (fence: every claim
+-- raises it, nothing lowers it), by which the claimer records the attempt's outcome. Then
+-- those made dead, with a null fence and their last_error; then, if the bytes budget left due
+-- deliveries out, a row of nulls: the relay claims again as soon as a request ends. claimer
+-- is kept in claimed_by: a worker's or consumer's process id, or an `outbox relay` process's
+-- id, which is negative (its connections may be any server process behind a pooler).
+--
+-- Its plan is made once per session (force_generic_plan) and must suit the tables at any
+-- size, whoever calls it first: see the settings in core/src/statements.rs. With exact
+-- argument types, each operator and function resolves to pg_catalog. The statement names the
+-- arguments by number ($1 kind ... $7 claimer), so that it also runs as a statement of its
+-- own, as the tests that read its plan prepare it.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_claim_due(
+    kind text,
+    endpoints text[],
+    max_events bigint[],
+    leases_ms float8[],
+    max_attempts integer[],
+    max_bytes bigint,
+    claimer integer)
+RETURNS TABLE (
+    endpoint text,
+    event_id bigint,
+    attempts integer,
+    body text,
+    last_error text,
+    fence integer,
+    topic text,
+    payload jsonb,
+    key text,
+    created_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_sort = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH claimable AS (
+        SELECT c.row_id, c.event_id, w.endpoint, c.spent, o.topic, o.created_at, o.payload, o.key,
+               sum(CASE WHEN c.spent THEN 0 ELSE o.size END)
+                   OVER (ORDER BY c.available_at, c.event_id, w.endpoint ROWS UNBOUNDED PRECEDING) AS bytes,
+               CASE WHEN c.spent THEN 0 ELSE o.size END AS size
+          FROM unnest($2, $3, $5) AS w (endpoint, max_events, max_attempts)
+          JOIN @extschema@.outbox_endpoints AS e
+            ON e.name = w.endpoint AND e.kind = $1 AND e.disabled_at IS NULL
+         CROSS JOIN LATERAL (
+                SELECT d.ctid AS row_id, d.event_id, d.available_at, d.attempts >= w.max_attempts AS spent
+                  FROM @extschema@.outbox_deliveries AS d
+                 WHERE d.endpoint = w.endpoint
+                   AND d.sent_at IS NULL
+                   AND d.dead_at IS NULL
+                   AND NOT d.waiting
+                   AND d.available_at <= now()
+                 ORDER BY d.available_at, d.event_id
+                 LIMIT w.max_events
+                   FOR UPDATE SKIP LOCKED) AS c
+         CROSS JOIN LATERAL (
+                -- Each event looked up by id: OFFSET 0 keeps the planner from making this a join,
+                -- which it may plan as a scan of outbox from its oldest event. The payload's size
+                -- as sent: its stored size, unless compression made that smaller.
+                SELECT o.topic, o.created_at, o.payload, o.key,
+                       CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
+                            ELSE octet_length(o.payload::text) END::bigint AS size
+                  FROM @extschema@.outbox AS o
+                 WHERE o.id = c.event_id
+                OFFSET 0) AS o
+    ), taken AS (
+        SELECT claimable.row_id, claimable.spent
+          FROM claimable
+         WHERE claimable.spent OR $6 IS NULL OR claimable.bytes <= $6 OR claimable.bytes = claimable.size
+    ), claimed AS (
+        -- By the rows' physical addresses (a TID scan): the planner cannot know how few rows the
+        -- claim took, and a join would make it read the whole table.
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET attempts     = d.attempts + 1,
+               fence        = d.fence + 1,
+               available_at = clock_timestamp() + l.lease_ms * interval '1 millisecond',
+               claimed_by   = $7
+          FROM unnest($2, $4) AS l (endpoint, lease_ms)
+         WHERE d.ctid = ANY (ARRAY(SELECT taken.row_id FROM taken WHERE NOT taken.spent))
+           AND d.endpoint = l.endpoint
+        RETURNING d.endpoint, d.event_id, d.attempts, d.fence
+    ), spent AS (
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET dead_at    = now(),
+               claimed_by = NULL,
+               last_error = CASE WHEN d.claimed_by IS NULL THEN d.last_error
+                                 ELSE 'the lease of attempt ' || d.attempts || ' ran out with no '
+                                      || CASE WHEN $1 = 'pull' THEN 'ack or nack' ELSE 'outcome recorded' END END
+         WHERE d.ctid = ANY (ARRAY(SELECT taken.row_id FROM taken WHERE taken.spent))
+        RETURNING d.endpoint, d.event_id, d.attempts, d.last_error
+    )
+    SELECT c.endpoint,
+           c.event_id,
+           c.attempts,
+           CASE WHEN $1 = 'webhook'
+                THEN json_build_object('type', claimable.topic, 'timestamp', claimable.created_at, 'data', claimable.payload)::text END,
+           NULL,
+           c.fence,
+           claimable.topic,
+           claimable.payload,
+           claimable.key,
+           claimable.created_at
+      FROM claimed AS c
+      JOIN claimable ON claimable.event_id = c.event_id AND claimable.endpoint = c.endpoint
+    UNION ALL
+    SELECT s.endpoint, s.event_id, s.attempts, NULL, s.last_error, NULL, NULL, NULL, NULL, NULL
+      FROM spent AS s
+    UNION ALL
+    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+     WHERE (SELECT count(*) FROM claimable) > (SELECT count(*) FROM taken);
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_claim_due(text, text[], bigint[], float8[], integer[], bigint, integer) FROM PUBLIC;
+-- Pull endpoints: consumers in any language take their deliveries over SQL, with the lease,
+-- attempts, backoff and dead state the relay workers use for webhooks. A consumer claims,
+-- handles, then acknowledges (ack) or reports a failure (nack); a long job extends its lease.
+--
+-- Fencing: a claim returns each delivery's attempt number (its fence column), and ack, nack and
+-- extend name it. Only the current claim may change a delivery: once a lease ran out and
+-- another consumer claimed the delivery again, the first one's calls return false and change
+-- nothing. The number never repeats for a delivery: outbox_requeue and outbox_replay give it
+-- a fresh budget of attempts (the attempts column) but leave the fence to rise on.
+--
+-- Isolation: a pull endpoint is consumed only by the roles an operator granted it
+-- (outbox_endpoint_grant) and by superusers; anyone else's claim, ack, nack or extend raises
+-- SQLSTATE 42501 before it reads or changes anything.
+--
+-- Like the rest of the API, each function runs as the extension's owner with search_path
+-- pinned to pg_catalog (see sql/api.sql); bad arguments raise SQLSTATE 22023.
+
+-- Claims up to max_events due deliveries of a pull endpoint for lease (from now, whatever the
+-- transaction's age), oldest first, in one statement: call it in autocommit. On an ordered
+-- endpoint only the head of each key is due (sql/ordering.sql). Rows other
+-- claimers hold are skipped, not waited for; a disabled endpoint gives nothing. A delivery
+-- whose last allowed attempt ran out of lease with no ack or nack (its consumer died or
+-- stalled on it every time) is made dead instead of being claimed again forever.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_claim(endpoint text, max_events integer DEFAULT 10, lease interval DEFAULT '30 seconds')
+RETURNS TABLE (event_id bigint, topic text, payload jsonb, key text, attempt integer, created_at timestamptz)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    target @extschema@.outbox_endpoints;
+    cap integer;
+    claim record;
+    dead integer := 0;
+BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_claim.endpoint, 'outbox_claim');
+    target := @extschema@.outbox_pull_endpoint(outbox_claim.endpoint, 'outbox_claim');
+    cap := coalesce(target.max_attempts, nullif(current_setting('outbox.max_attempts', true), '')::integer, 10);
+    IF max_events IS NULL OR max_events NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'outbox_claim: max_events must be between 1 and 1000'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@.outbox_check_lease(lease, 'outbox_claim');
+    IF target.disabled_at IS NOT NULL THEN
+        RETURN;
+    END IF;
+    IF target.ordered THEN
+        PERFORM @extschema@.outbox_sequence(outbox_claim.endpoint);
+    END IF;
+    -- The relay's claim (sql/claim.sql), with no bytes budget. It makes dead what used all
+    -- its attempts (one that was nacked and waits keeps its error: the cap was lowered since).
+    FOR claim IN
+        SELECT c.*
+          FROM @extschema@.outbox_claim_due('pull', ARRAY[outbox_claim.endpoint], ARRAY[max_events::bigint],
+                                            ARRAY[extract(epoch FROM lease)::float8 * 1000], ARRAY[cap], NULL,
+                                            pg_backend_pid()) AS c
+         ORDER BY c.event_id
+    LOOP
+        IF claim.fence IS NULL THEN
+            dead := dead + 1;
+        ELSE
+            event_id := claim.event_id;
+            topic := claim.topic;
+            payload := claim.payload;
+            key := claim.key;
+            attempt := claim.fence;
+            created_at := claim.created_at;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+    IF dead > 0 THEN
+        RAISE WARNING 'outbox_ext: % deliveries of endpoint % are dead: they had used all % attempts',
+              dead, outbox_claim.endpoint, cap;
+    END IF;
+END
+$$;
+
+-- The work of outbox_ack_batch and outbox_ack (caller: which of them, for its errors): marks
+-- claimed deliveries sent, each named by its event id and the attempt its claim returned
+-- (event_ids and attempts pairwise).
+-- Returns the ids whose attempt is the current claim, or already sent the delivery (a
+-- repeated ack is answered as the first was); the others were claimed again, nacked,
+-- requeued or dropped since, and nothing of them changes.
+--
+-- Consumers call it for every job, so its statements are planned once per session, as the
+-- relay workers plan theirs (src/worker/queue.rs): a plan for the ids of each call cost more
+-- than the rest of an ack. Every statement finds its rows through an index, whatever the
+-- number of ids; with table scans ruled out, no plan made while the tables were nearly
+-- empty (after CREATE EXTENSION or a TRUNCATE) reads them whole once they have grown, and
+-- with JIT off, no plan is compiled for the cost that ruling them out adds.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_ack_claims(endpoint text, event_ids bigint[], attempts integer[], caller text)
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    acked bigint;
+    ordered_ids bigint[];
+    ordered_keys text[];
+BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_ack_claims.endpoint, caller);
+    IF event_ids IS NULL OR attempts IS NULL OR cardinality(event_ids) <> cardinality(attempts) THEN
+        RAISE EXCEPTION '%: event_ids and attempts must be arrays of the same length', caller
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH sent AS (
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET sent_at = now(), claimed_by = NULL, waiting = false
+          FROM unnest(outbox_ack_claims.event_ids, outbox_ack_claims.attempts) AS a (event_id, attempt)
+         WHERE d.endpoint = outbox_ack_claims.endpoint
+           AND d.event_id = ANY (outbox_ack_claims.event_ids)
+           AND d.event_id = a.event_id
+           AND d.fence = a.attempt
+           AND d.claimed_by IS NOT NULL
+           AND d.sent_at IS NULL
+           AND d.dead_at IS NULL
+           AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull')
+        RETURNING d.event_id, d.key
+    )
+    SELECT count(*), array_agg(sent.event_id) FILTER (WHERE sent.key IS NOT NULL), array_agg(sent.key) FILTER (WHERE sent.key IS NOT NULL)
+      INTO acked, ordered_ids, ordered_keys
+      FROM sent;
+    IF acked > 0 THEN
+        PERFORM @extschema@.outbox_note_acked(outbox_ack_claims.endpoint, acked);
+    END IF;
+    IF ordered_ids IS NOT NULL THEN
+        PERFORM @extschema@.outbox_release_keys(outbox_ack_claims.endpoint, ordered_ids, ordered_keys);
+    END IF;
+    IF acked > 0 AND acked = cardinality(outbox_ack_claims.event_ids) THEN
+        RETURN QUERY SELECT unnest(outbox_ack_claims.event_ids);
+        RETURN;
+    END IF;
+    PERFORM @extschema@.outbox_pull_endpoint(outbox_ack_claims.endpoint, caller);
+    -- OFFSET 0 keeps the test of sent_at out of the scan: it would let the planner read the
+    -- partial index of every sent delivery instead of looking the ids up.
+    RETURN QUERY
+    SELECT DISTINCT named.event_id
+      FROM (SELECT d.event_id, d.sent_at
+              FROM unnest(outbox_ack_claims.event_ids, outbox_ack_claims.attempts) AS a (event_id, attempt)
+              JOIN @extschema@.outbox_deliveries AS d
+                ON d.endpoint = outbox_ack_claims.endpoint AND d.event_id = a.event_id AND d.fence = a.attempt
+             WHERE d.event_id = ANY (outbox_ack_claims.event_ids)
+            OFFSET 0) AS named
+     WHERE named.sent_at IS NOT NULL;
+END
+$$;
+
+-- Marks claimed deliveries sent (outbox_ack_claims above): a consumer that handled a batch
+-- acks it in one call, and gets back the ids it acked.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_ack_batch(endpoint text, event_ids bigint[], attempts integer[])
+RETURNS SETOF bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM @extschema@.outbox_ack_claims($1, $2, $3, 'outbox_ack_batch')
+$$;
+
+-- The same for one delivery: true if its attempt is the current claim (or sent the delivery).
+-- PL/pgSQL, not SQL, so that its one statement is planned once per session.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_ack(endpoint text, event_id bigint, attempt integer)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT FROM @extschema@.outbox_ack_claims(outbox_ack.endpoint, ARRAY[outbox_ack.event_id], ARRAY[outbox_ack.attempt], 'outbox_ack'));
+END
+$$;
+
+-- Acknowledged deliveries of an endpoint, counted for outbox_stats().sent in this session's
+-- shard, and the endpoint's success noted at most once a second, skipping its row if someone
+-- else is changing it right now. Called by outbox_ack_claims and by the relay workers
+-- (sql/mark_sent.sql), under a pinned search_path and the owner's rights.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_note_acked(endpoint text, acked bigint)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO @extschema@.outbox_delivery_counts AS n (endpoint, shard, sent)
+    VALUES (outbox_note_acked.endpoint, pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.%) 16, acked)
+    ON CONFLICT ON CONSTRAINT outbox_delivery_counts_pkey DO UPDATE SET sent = n.sent OPERATOR(pg_catalog.+) excluded.sent;
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET last_success_at = pg_catalog.now(), failing_since = NULL
+     WHERE e.name IN (SELECT h.name
+                        FROM @extschema@.outbox_endpoints AS h
+                       WHERE h.name OPERATOR(pg_catalog.=) outbox_note_acked.endpoint
+                         AND (h.failing_since IS NOT NULL
+                              OR h.last_success_at IS NULL
+                              OR h.last_success_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '1 second'))
+                         FOR NO KEY UPDATE SKIP LOCKED);
+END
+$$;
+
+-- Records a failed attempt of the current claim: the delivery is due again after retry_in,
+-- or after the relay's backoff when null (exponential in the attempts, with jitter, at most an
+-- hour, as src/delivery/backoff.rs computes it), or dead once attempts reached the endpoint's
+-- cap (true either way). False, changing nothing, when the attempt is not the current claim.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_nack(endpoint text, event_id bigint, attempt integer, error text, retry_in interval DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    went_dead boolean;
+    used integer;
+    reason text := left(regexp_replace(coalesce(error, 'nacked without an error'), '[[:cntrl:]]+', ' ', 'g'), 1024);
+BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_nack.endpoint, 'outbox_nack');
+    IF retry_in < interval '0' OR retry_in > interval '1 day' THEN
+        RAISE EXCEPTION 'outbox_nack: retry_in must be between 0 and 1 day (null: the backoff)'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET last_error   = reason,
+           available_at = clock_timestamp() + coalesce(retry_in,
+                              least(interval '1 second' * 2 ^ least(greatest(d.attempts - 1, 0), 12), interval '1 hour')
+                              * (0.5 + 0.5 * random())),
+           claimed_by   = NULL,
+           dead_at      = CASE WHEN d.attempts >= coalesce(e.max_attempts,
+                                                           nullif(current_setting('outbox.max_attempts', true), '')::integer,
+                                                           10)
+                               THEN now() END
+      FROM @extschema@.outbox_endpoints AS e
+     WHERE e.name = d.endpoint
+       AND e.kind = 'pull'
+       AND d.endpoint = outbox_nack.endpoint
+       AND d.event_id = outbox_nack.event_id
+       AND d.fence = outbox_nack.attempt
+       AND d.claimed_by IS NOT NULL
+       AND d.sent_at IS NULL
+       AND d.dead_at IS NULL
+    RETURNING d.dead_at IS NOT NULL, d.attempts INTO went_dead, used;
+    IF NOT FOUND THEN
+        PERFORM @extschema@.outbox_pull_endpoint(outbox_nack.endpoint, 'outbox_nack');
+        RETURN false;
+    END IF;
+    UPDATE @extschema@.outbox_endpoints AS e
+       SET failing_since = coalesce(e.failing_since, now()), last_error = reason
+     WHERE e.name IN (SELECT h.name
+                        FROM @extschema@.outbox_endpoints AS h
+                       WHERE h.name = outbox_nack.endpoint
+                         FOR NO KEY UPDATE SKIP LOCKED);
+    IF went_dead THEN
+        RAISE WARNING 'outbox_ext: the delivery of event % to endpoint % is dead after % attempts; last error: %',
+              outbox_nack.event_id, outbox_nack.endpoint, used, reason;
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Pushes the lease of the current claim to lease from now (the clock, not the transaction's
+-- start), for a job that runs long. Called in the job's transaction, it takes effect when that
+-- commits; from another session, at once. False, changing nothing, when the attempt is not
+-- the current claim.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_extend(endpoint text, event_id bigint, attempt integer, lease interval)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.outbox_check_consumer(outbox_extend.endpoint, 'outbox_extend');
+    PERFORM @extschema@.outbox_check_lease(lease, 'outbox_extend');
+    UPDATE @extschema@.outbox_deliveries AS d
+       SET available_at = clock_timestamp() + outbox_extend.lease
+     WHERE d.endpoint = outbox_extend.endpoint
+       AND d.event_id = outbox_extend.event_id
+       AND d.fence = outbox_extend.attempt
+       AND d.claimed_by IS NOT NULL
+       AND d.sent_at IS NULL
+       AND d.dead_at IS NULL
+       AND EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = d.endpoint AND e.kind = 'pull');
+    IF NOT FOUND THEN
+        PERFORM @extschema@.outbox_pull_endpoint(outbox_extend.endpoint, 'outbox_extend');
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Raises 42501 unless the session's role may consume the pull endpoint: a superuser, or a
+-- member of a role granted it. Inside the SECURITY DEFINER functions above current_user is
+-- the extension's owner, so the role is the one the session acts as: set by SET ROLE, else
+-- the one it logged in as. For the functions above only, like outbox_note_acked.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_check_consumer(endpoint text, caller text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+AS $$
+DECLARE
+    consumer name := coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user);
+BEGIN
+    IF NOT EXISTS (SELECT FROM @extschema@.outbox_endpoint_consumers AS c
+                     JOIN pg_catalog.pg_roles AS r ON r.rolname OPERATOR(pg_catalog.=) c.role
+                    WHERE c.endpoint OPERATOR(pg_catalog.=) outbox_check_consumer.endpoint
+                      AND pg_catalog.pg_has_role(consumer, r.oid, 'MEMBER'))
+       AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) consumer AND r.rolsuper) THEN
+        RAISE EXCEPTION '%: role % may not consume endpoint %', caller, pg_catalog.quote_ident(consumer), pg_catalog.quote_nullable(endpoint)
+              USING ERRCODE = 'insufficient_privilege',
+                    HINT = 'An operator grants it with outbox_endpoint_grant(endpoint, role).';
+    END IF;
+END
+$$;
+
+-- The pull endpoint's row; a class-22 error naming the caller when there is no such pull
+-- endpoint. For the functions above only, like outbox_note_acked.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_pull_endpoint(endpoint text, caller text)
+RETURNS @extschema@.outbox_endpoints
+LANGUAGE plpgsql
+STABLE
+AS $$
+DECLARE
+    target @extschema@.outbox_endpoints;
+BEGIN
+    SELECT * INTO target FROM @extschema@.outbox_endpoints AS e WHERE e.name OPERATOR(pg_catalog.=) outbox_pull_endpoint.endpoint;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '%: endpoint % does not exist', caller, pg_catalog.quote_nullable(endpoint)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF target.kind OPERATOR(pg_catalog.<>) 'pull' THEN
+        RAISE EXCEPTION '%: endpoint % is a % endpoint; the relay workers deliver its events', caller, pg_catalog.quote_literal(endpoint), target.kind
+              USING ERRCODE = 'invalid_parameter_value',
+                    HINT = 'Create a pull endpoint with outbox_endpoint_set(name, NULL, topics, kind => ''pull'').';
+    END IF;
+    RETURN target;
+END
+$$;
+
+-- A lease is positive and at most a day: a consumer that needs longer extends it. For the
+-- functions above only, like outbox_note_acked.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_check_lease(lease interval, caller text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+AS $$
+BEGIN
+    IF lease IS NULL OR lease OPERATOR(pg_catalog.<=) interval '0' OR lease OPERATOR(pg_catalog.>) interval '1 day' THEN
+        RAISE EXCEPTION '%: lease must be positive and at most 1 day', caller
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_claim(text, integer, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_ack_claims(text, bigint[], integer[], text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_ack_batch(text, bigint[], integer[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_ack(text, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_nack(text, bigint, integer, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, integer, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_pull_endpoint(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_check_consumer(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_note_acked(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_check_lease(interval, text) FROM PUBLIC;

@@ -31,8 +31,8 @@ AS $$
 DECLARE
     target @extschema@.outbox_endpoints;
     cap integer;
-    due tid[];
-    at_cap integer;
+    claim record;
+    dead integer := 0;
 BEGIN
     PERFORM @extschema@.outbox_check_consumer(outbox_claim.endpoint, 'outbox_claim');
     target := @extschema@.outbox_pull_endpoint(outbox_claim.endpoint, 'outbox_claim');
@@ -48,46 +48,31 @@ BEGIN
     IF target.ordered THEN
         PERFORM @extschema@.outbox_sequence(outbox_claim.endpoint);
     END IF;
-    -- The due deliveries, locked for this transaction, by their addresses (a TID scan below:
-    -- the planner cannot know how few they are), as sql/claim_batch.sql does.
-    SELECT array_agg(c.ctid), count(*) FILTER (WHERE c.attempts >= cap)
-      INTO due, at_cap
-      FROM (SELECT d.ctid, d.attempts
-              FROM @extschema@.outbox_deliveries AS d
-             WHERE d.endpoint = outbox_claim.endpoint
-               AND d.sent_at IS NULL
-               AND d.dead_at IS NULL
-               AND NOT d.waiting
-               AND d.available_at <= now()
-             ORDER BY d.available_at, d.event_id
-             LIMIT max_events
-               FOR UPDATE SKIP LOCKED) AS c;
-    IF at_cap > 0 THEN
-        -- (One that was nacked and waits keeps its error: the endpoint's cap was lowered since.)
-        UPDATE @extschema@.outbox_deliveries AS d
-           SET dead_at = now(), claimed_by = NULL,
-               last_error = CASE WHEN d.claimed_by IS NULL THEN d.last_error
-                                 ELSE 'the lease of attempt ' || d.attempts || ' ran out with no ack or nack' END
-         WHERE d.ctid = ANY (due)
-           AND d.attempts >= cap;
+    -- The relay's claim (sql/claim.sql), with no bytes budget. It makes dead what used all
+    -- its attempts (one that was nacked and waits keeps its error: the cap was lowered since).
+    FOR claim IN
+        SELECT c.*
+          FROM @extschema@.outbox_claim_due('pull', ARRAY[outbox_claim.endpoint], ARRAY[max_events::bigint],
+                                            ARRAY[extract(epoch FROM lease)::float8 * 1000], ARRAY[cap], NULL,
+                                            pg_backend_pid()) AS c
+         ORDER BY c.event_id
+    LOOP
+        IF claim.fence IS NULL THEN
+            dead := dead + 1;
+        ELSE
+            event_id := claim.event_id;
+            topic := claim.topic;
+            payload := claim.payload;
+            key := claim.key;
+            attempt := claim.fence;
+            created_at := claim.created_at;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+    IF dead > 0 THEN
         RAISE WARNING 'outbox_ext: % deliveries of endpoint % are dead: they had used all % attempts',
-              at_cap, outbox_claim.endpoint, cap;
+              dead, outbox_claim.endpoint, cap;
     END IF;
-    RETURN QUERY
-    WITH claimed AS (
-        UPDATE @extschema@.outbox_deliveries AS d
-           SET attempts     = d.attempts + 1,
-               fence        = d.fence + 1,
-               available_at = clock_timestamp() + outbox_claim.lease,
-               claimed_by   = pg_backend_pid()
-         WHERE d.ctid = ANY (due)
-           AND d.attempts < cap
-        RETURNING d.event_id, d.fence
-    )
-    SELECT c.event_id, o.topic, o.payload, o.key, c.fence, o.created_at
-      FROM claimed AS c
-      JOIN @extschema@.outbox AS o ON o.id = c.event_id
-     ORDER BY c.event_id;
 END
 $$;
 

@@ -82,7 +82,11 @@ fn split_settings(url: &str) -> (String, Option<String>, Option<String>) {
                 for (key, value) in query.split('&').filter(|pair| is_ours(pair)).filter_map(|pair| pair.split_once('=')) {
                     take(key, percent_decode(value));
                 }
-                if kept.is_empty() { base.to_string() } else { format!("{base}?{}", kept.join("&")) }
+                if kept.is_empty() {
+                    base.to_string()
+                } else {
+                    format!("{base}?{}", kept.join("&"))
+                }
             }
         }
     } else {
@@ -123,7 +127,9 @@ pub fn connector(tls: &Tls) -> Result<MakeRustlsConnect, TlsError> {
         Check::Nothing => builder.dangerous().with_custom_certificate_verifier(Arc::new(Unchecked(provider))).with_no_client_auth(),
         Check::Chain | Check::ChainAndName => {
             let roots = Arc::new(root_store(tls.root_cert.as_ref())?);
-            let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider).build().map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
+            let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
             if tls.check == Check::Chain {
                 builder.dangerous().with_custom_certificate_verifier(Arc::new(AnyName(verifier))).with_no_client_auth()
             } else {

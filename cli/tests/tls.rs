@@ -25,7 +25,9 @@ fn each_sslmode_checks_what_libpqs_does() {
     let ca = certificate("ca.pem");
     let other = certificate("other-ca.pem");
 
-    for trusted in [format!("{base}?sslmode=verify-full&sslrootcert={ca}"), format!("{base}?sslmode=require"), format!("{base}?sslmode=disable")] {
+    for trusted in
+        [format!("{base}?sslmode=verify-full&sslrootcert={ca}"), format!("{base}?sslmode=require"), format!("{base}?sslmode=disable")]
+    {
         let (ok, said) = dry_run(&trusted);
         assert!(ok, "{trusted}: {said}");
     }
@@ -34,7 +36,10 @@ fn each_sslmode_checks_what_libpqs_does() {
         (format!("{base}?sslmode=verify-full"), "UnknownIssuer"),
         (format!("{base}?sslmode=require&sslrootcert={other}"), "UnknownIssuer"),
         (format!("{base}?sslmode=verify-all"), "sslmode must be disable, allow, prefer, require, verify-ca or verify-full"),
-        (format!("{base}?sslmode=verify-ca&sslrootcert=/nonexistent.pem"), "cannot read the root certificates in sslrootcert /nonexistent.pem"),
+        (
+            format!("{base}?sslmode=verify-ca&sslrootcert=/nonexistent.pem"),
+            "cannot read the root certificates in sslrootcert /nonexistent.pem",
+        ),
     ] {
         let (ok, said) = dry_run(&refused);
         assert!(!ok && said.contains(why), "{refused}: {said}");
@@ -64,7 +69,9 @@ fn the_relay_connects_over_tls_when_asked_and_in_clear_when_told() {
         .map(|row| row.get(0))
         .collect()
     };
-    for (query, expected) in [(format!("sslmode=verify-full&sslrootcert={}", certificate("ca.pem")), true), ("sslmode=disable".to_string(), false)] {
+    for (query, expected) in
+        [(format!("sslmode=verify-full&sslrootcert={}", certificate("ca.pem")), true), ("sslmode=disable".to_string(), false)]
+    {
         let relay_url = format!("{base}?{query}");
         let relay = Relay::start(&["--database-url", &relay_url, "--listen-url", &relay_url]);
         wait_until("the relay and its listener are connected", Duration::from_secs(20), || encrypted(&mut db).len() == 2);

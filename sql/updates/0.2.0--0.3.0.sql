@@ -18,3 +18,8 @@ DROP SEQUENCE @extschema@.outbox_endpoints_version;
 -- The outbox relay processes (`outbox relay`) record themselves, for the monitoring and for
 -- enqueues to know whether one waits for a notification.
 --@include relays.sql
+
+-- The claim is one function, sql/claim.sql, which the relay's statement and outbox_claim both
+-- call: outbox_claim had a second copy of it.
+--@include claim.sql
+--@include pull.sql

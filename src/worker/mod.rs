@@ -15,8 +15,6 @@ use std::time::Duration;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 
-#[cfg(test)]
-pub use queue::claim_batch_sql;
 pub use queue::Queries;
 use registry::Found;
 

@@ -71,12 +71,6 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
     })
 }
 
-/// The claim as the workers run it; the EXPLAIN test plans the same text.
-#[cfg(test)]
-pub fn claim_batch_sql(installation: &Installation) -> String {
-    installation.qualify(CLAIM_BATCH)
-}
-
 /// Sets up the worker's session for its statements (`SESSION_SETTINGS`), in one statement
 /// that names everything by schema, since the search_path is not pinned yet.
 pub fn prepare_session() -> Result<(), TransactionError> {
