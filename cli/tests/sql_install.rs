@@ -338,3 +338,83 @@ fn enqueue_in_sql_writes_what_the_library_writes_whatever_the_callers_search_pat
     assert_eq!(sql_heard, ["outbox.jobs", "outbox_enqueued"], "the pull endpoint's and the waiting relay's notifications");
     assert_eq!((sql_changed.as_str(), library_changed.as_str()), ("40001", "40001"), "a changed endpoint fails the enqueue");
 }
+
+/// The SQL block of README.md that holds `marker`, as written.
+fn readme_sql_with(marker: &str) -> String {
+    let readme = include_str!("../../README.md");
+    let at = readme.find(marker).unwrap_or_else(|| panic!("README.md has {marker:?}"));
+    let start = readme[..at].rfind("```sql\n").expect("a sql block holds it") + "```sql\n".len();
+    let end = at + readme[at..].find("```").expect("the block ends");
+    readme[start..end].to_string()
+}
+
+/// Runs `sql` as `role`; the SQLSTATE if it fails.
+fn as_role(database: &str, role: &str, sql: &str) -> Result<(), String> {
+    connect(role, database).batch_execute(sql).map_err(|e| e.code().map(|c| c.code().to_string()).unwrap_or_else(|| e.to_string()))
+}
+
+#[test]
+fn the_grant_recipes_as_written_give_each_role_of_the_sql_install_what_it_needs_and_nothing_more() {
+    let mut db = fresh_database("outbox_t_recipes");
+    migrate("outbox_t_recipes", &[]);
+    for role in ["app_producer", "app_consumer", "ops", "monitor"] {
+        db.batch_execute(&format!("DO $$ BEGIN CREATE ROLE {role} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")).unwrap();
+    }
+    // The owner of the SQL install grants, as the README's recipes ask, on the schema the
+    // install recipe names (`outbox`, as `outbox migrate` does by default).
+    let mut owner = connect("outbox_owner", "outbox_t_recipes");
+    owner
+        .batch_execute(
+            "GRANT USAGE ON SCHEMA outbox TO app_producer, app_consumer, ops, monitor;
+             SELECT outbox.outbox_endpoint_set('mailer', NULL, '{mail.*}', kind => 'pull');",
+        )
+        .unwrap();
+    owner.batch_execute(&readme_sql_with("-- producer: enqueues in its own transactions")).expect("the GRANT recipes run as written");
+    owner.batch_execute(&readme_sql_with("-- the exporter's role")).expect("the monitoring recipe runs as written");
+    let database = "outbox_t_recipes";
+    let allowed = |role: &str, sql: &str| as_role(database, role, sql).unwrap_or_else(|e| panic!("{role} may run {sql}: {e}"));
+    let refused = |role: &str, sql: &str| assert_eq!(as_role(database, role, sql), Err("42501".to_string()), "{role} may not run {sql}");
+
+    allowed("app_producer", "SELECT outbox.outbox_enqueue('mail.welcome', '{\"to\": \"a@example.com\"}')");
+    for sql in
+        ["SELECT * FROM outbox.outbox", "SELECT outbox.outbox_requeue(1)", "INSERT INTO outbox.outbox (topic, payload) VALUES ('x', '{}')"]
+    {
+        refused("app_producer", sql);
+    }
+    allowed(
+        "app_consumer",
+        "CREATE TEMP TABLE claimed AS SELECT * FROM outbox.outbox_claim('mailer', 10, '30 seconds');
+         SELECT outbox.outbox_ack('mailer', event_id, attempt) FROM claimed;
+         SELECT outbox.outbox_mark_processed(event_id, 'mailer') FROM claimed",
+    );
+    let sent: i64 = db.query_one("SELECT count(*) FROM outbox.outbox_deliveries WHERE sent_at IS NOT NULL", &[]).unwrap().get(0);
+    assert_eq!(sent, 1, "the consumer's claim and ack went through");
+    for sql in ["SELECT outbox.outbox_enqueue('t', '{}')", "SELECT * FROM outbox.outbox_deliveries", "SELECT outbox.outbox_requeue(1)"] {
+        refused("app_consumer", sql);
+    }
+    allowed(
+        "ops",
+        "SELECT * FROM outbox.outbox_stats(); SELECT * FROM outbox.outbox_endpoint_stats(); SELECT outbox.outbox_requeue(1);
+         SELECT name, last_error FROM outbox.outbox_endpoints; SELECT count(*) FROM outbox.outbox_deliveries",
+    );
+    for sql in [
+        "SELECT url FROM outbox.outbox_endpoints",
+        "SELECT * FROM outbox.outbox_endpoint_secrets",
+        "SELECT outbox.outbox_enqueue('t', '{}')",
+    ] {
+        refused("ops", sql);
+    }
+    for sql in [
+        "SELECT outbox.outbox_stats()",
+        "SELECT outbox.outbox_enqueued()",
+        "SELECT * FROM outbox.outbox_endpoint_stats()",
+        "SELECT * FROM outbox.outbox_workers()",
+        "SELECT * FROM outbox.outbox_worker_attempts()",
+        "SELECT * FROM outbox.outbox_relay_processes()",
+    ] {
+        allowed("monitor", sql);
+    }
+    for sql in ["SELECT * FROM outbox.outbox", "SELECT outbox.outbox_requeue(1)", "SELECT outbox.outbox_enqueue('t', '{}')"] {
+        refused("monitor", sql);
+    }
+}
