@@ -124,14 +124,18 @@ pub fn connector(tls: &Tls) -> Result<MakeRustlsConnect, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
     let config = match tls.check {
-        Check::Nothing => builder.dangerous().with_custom_certificate_verifier(Arc::new(Unchecked(provider))).with_no_client_auth(),
+        Check::Nothing => {
+            let lenient = Lenient { chain: None, provider };
+            builder.dangerous().with_custom_certificate_verifier(Arc::new(lenient)).with_no_client_auth()
+        }
         Check::Chain | Check::ChainAndName => {
             let roots = Arc::new(root_store(tls.root_cert.as_ref())?);
-            let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider)
+            let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                 .build()
                 .map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
             if tls.check == Check::Chain {
-                builder.dangerous().with_custom_certificate_verifier(Arc::new(AnyName(verifier))).with_no_client_auth()
+                let lenient = Lenient { chain: Some(verifier), provider };
+                builder.dangerous().with_custom_certificate_verifier(Arc::new(lenient)).with_no_client_auth()
             } else {
                 builder.with_webpki_verifier(verifier).with_no_client_auth()
             }
@@ -156,50 +160,16 @@ fn root_store(path: Option<&PathBuf>) -> Result<RootCertStore, TlsError> {
     Ok(roots)
 }
 
-/// `prefer` and `require`: any certificate, but the handshake's signatures are still checked.
+/// The checks of `prefer` and `require` (no `chain`: any certificate) and of `verify-ca`
+/// (the chain, not the name the certificate was issued for). The handshake's signatures are
+/// checked either way.
 #[derive(Debug)]
-struct Unchecked(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, signature, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, signature, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Lenient {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
 }
 
-/// `verify-ca`: the chain is checked, the name the certificate was issued for is not.
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -208,7 +178,10 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. })) => {
                 Ok(ServerCertVerified::assertion())
             }
@@ -222,7 +195,7 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         signature: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, signature)
+        verify_tls12_signature(message, cert, signature, &self.provider.signature_verification_algorithms)
     }
 
     fn verify_tls13_signature(
@@ -231,11 +204,11 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         signature: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, signature)
+        verify_tls13_signature(message, cert, signature, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 
