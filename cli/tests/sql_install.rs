@@ -418,3 +418,51 @@ fn the_grant_recipes_as_written_give_each_role_of_the_sql_install_what_it_needs_
         refused("monitor", sql);
     }
 }
+
+#[test]
+fn the_relay_holds_no_transaction_or_row_lock_while_a_request_is_in_flight() {
+    let mut db = fresh_database("outbox_t_no_locks");
+    migrate("outbox_t_no_locks", &[]);
+    // A receiver that holds each request until the test lets it answer.
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("listen on 127.0.0.1");
+    let hook = format!("http://{}/hook", server.server_addr().to_ip().expect("an IP address"));
+    let (arrived, requests) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for request in server.incoming_requests() {
+            arrived.send(request).ok();
+        }
+    });
+    db.batch_execute(&format!("SELECT outbox.outbox_endpoint_set('default', '{hook}')")).unwrap();
+    db.batch_execute("SELECT outbox.outbox_enqueue('order.placed', '{}')").unwrap();
+    let relay_url = url("outbox_relay", "outbox_t_no_locks");
+    let relay = Relay::start(&["--database-url", &relay_url]);
+    let request = requests.recv_timeout(Duration::from_secs(20)).expect("the relay sends the event");
+
+    // While the request is in flight the relay's connections come to hold no transaction and
+    // no lock on a table (one held across the request would hold until it is answered).
+    wait_until("the relay holds no transaction and no lock", Duration::from_secs(5), || {
+        let row = db
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_stat_activity AS a
+                          WHERE a.datname = 'outbox_t_no_locks' AND a.application_name LIKE 'outbox relay%' AND a.xact_start IS NOT NULL),
+                        (SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)
+                          WHERE a.datname = 'outbox_t_no_locks' AND a.application_name LIKE 'outbox relay%'
+                            AND l.relation IS NOT NULL)",
+                &[],
+            )
+            .unwrap();
+        (row.get::<_, i64>(0), row.get::<_, i64>(1)) == (0, 0)
+    });
+    let leased: i64 = db
+        .query_one("SELECT count(*) FROM outbox.outbox_deliveries WHERE sent_at IS NULL AND claimed_by < 0 AND available_at > now()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(leased, 1, "the delivery is held by its lease, which the claim committed");
+
+    request.respond(tiny_http::Response::empty(204)).unwrap();
+    wait_until("the delivery is marked sent", Duration::from_secs(10), || {
+        db.query_one("SELECT count(*) FROM outbox.outbox_deliveries WHERE sent_at IS NOT NULL", &[]).unwrap().get::<_, i64>(0) == 1
+    });
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
+}
