@@ -36,7 +36,7 @@ psql_cluster -q -c "CREATE EXTENSION outbox_ext"
 
 ordered() { # ordered true|false: the endpoint default, with its queue emptied
   set_url ""
-  q "TRUNCATE outbox_deliveries, outbox, outbox_keys, outbox_key_arrivals;
+  q "TRUNCATE outbox_attempts, outbox_deliveries, outbox, outbox_keys, outbox_key_arrivals;
      SELECT outbox_endpoint_set('default', NULL, ordered => $1)" >/dev/null
 }
 # enqueue_keyed COUNT KEYS [FIRST_KEY]: COUNT events, key i of KEYS in turn (k<FIRST_KEY+i>)

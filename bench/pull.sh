@@ -34,7 +34,7 @@ export DATABASE_URL="postgresql://postgres@127.0.0.1:$PORT/postgres"
 . bench/lib.sh
 # Pending jobs, written directly (the enqueue is measured by bench/run.sh).
 fill() {
-  q "TRUNCATE outbox_deliveries, outbox, processed_events, client_effects" >/dev/null
+  q "TRUNCATE outbox_attempts, outbox_deliveries, outbox, processed_events, client_effects" >/dev/null
   q "WITH e AS (INSERT INTO outbox (topic, payload) SELECT 'job.x', '{}' FROM generate_series(1, $1) RETURNING id)
      INSERT INTO outbox_deliveries (event_id, endpoint) SELECT id, 'jobs' FROM e" >/dev/null
   q "VACUUM ANALYZE outbox, outbox_deliveries" >/dev/null
@@ -75,7 +75,7 @@ SQL
 declare -A runs=()
 for round in 1 2 3 4 5; do
   for notify in false true; do
-    q "TRUNCATE outbox_deliveries, outbox; SELECT outbox_endpoint_set('jobs', NULL, '{job.*}', kind => 'pull', notify => $notify)" >/dev/null
+    q "TRUNCATE outbox_attempts, outbox_deliveries, outbox; SELECT outbox_endpoint_set('jobs', NULL, '{job.*}', kind => 'pull', notify => $notify)" >/dev/null
     runs[$notify]+=" $(pgbench_tps -c8 -j2 -T5 -f "$DIR/enqueue.sql")"
   done
 done

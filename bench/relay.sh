@@ -58,7 +58,7 @@ start_pgbouncer "$DIR/pgbouncer" "$BOUNCER_PORT" outbox_relay
 
 # qs: a query on the SQL install, as q is on the extension's database.
 qs() { PGOPTIONS="-c search_path=outbox" psql_cluster -d sqli -tA -c "$1"; }
-empty() { q "TRUNCATE outbox_deliveries, outbox" >/dev/null; qs "TRUNCATE outbox_deliveries, outbox" >/dev/null; }
+empty() { q "TRUNCATE outbox_attempts, outbox_deliveries, outbox" >/dev/null; qs "TRUNCATE outbox_attempts, outbox_deliveries, outbox" >/dev/null; }
 median() { tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 echo "SELECT outbox_enqueue('bench', '{\"order_id\": 1, \"total\": 42.5}');" > "$DIR/enqueue.sql"
 

@@ -54,7 +54,7 @@ nginx -c "$DIR/nginx.conf"
 
 start_cluster "$DIR/pg" "$PORT" "${CLUSTER_SETTINGS[@]}"
 psql_cluster -q -c "CREATE EXTENSION outbox_ext"
-empty_tables() { q "TRUNCATE outbox_deliveries, outbox" >/dev/null; }
+empty_tables() { q "TRUNCATE outbox_attempts, outbox_deliveries, outbox" >/dev/null; }
 # Endpoints b and c beside default, subscribed to every event: three deliveries per event.
 # Created disabled, so that the workers leave their deliveries alone until they are enabled.
 add_b_c() {
@@ -219,7 +219,7 @@ if [ "$COMPARE_0_1_0" = 1 ]; then
     drain "$3" "$URL"
     fresh_rate=$(rate "$DRAIN_EVENTS" "$drain_seconds")
     set_url ""
-    q "TRUNCATE $3, outbox" >/dev/null
+    q "TRUNCATE $3, outbox CASCADE" >/dev/null
     q "$4" >/dev/null
     q "VACUUM ANALYZE $3, outbox" >/dev/null
     t0=$(now); PGOPTIONS='-c jit=off' pgbench_tps -c2 -j2 -t1500 -f "$DIR/$5" >/dev/null; t1=$(now)

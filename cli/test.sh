@@ -30,3 +30,6 @@ chmod 600 "$TLS/server.key"
 start_cluster "$DIR/pg" "$PORT" "outbox.workers = 0" "ssl = on" "ssl_cert_file = '$TLS/server.pem'" "ssl_key_file = '$TLS/server.key'"
 # One at a time: a test's relay must not deliver another test's events.
 OUTBOX_TEST_URL="postgres://postgres@127.0.0.1:$PORT/postgres" OUTBOX_TEST_TLS="$TLS" cargo test -q -p outbox --test '*' -- --test-threads=1 "$@"
+
+# The console in Debian's Chromium, driven by Playwright (cargo test built target/debug/outbox).
+OUTBOX_TEST_URL="postgres://postgres@127.0.0.1:$PORT/postgres" OUTBOX=target/debug/outbox python3 cli/tests/browser/console_test.py "$@"

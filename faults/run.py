@@ -658,7 +658,7 @@ def run(scenario, receiver):
     configure(**BASE_SETTINGS)
     ordered = scenario in ORDERED_SCENARIOS
     sql(f"SELECT outbox_endpoint_set('default', NULL, ordered => {str(ordered).lower()})")
-    sql("TRUNCATE outbox_deliveries, outbox, outbox_keys, outbox_key_arrivals")
+    sql("TRUNCATE outbox_attempts, outbox_deliveries, outbox, outbox_keys, outbox_key_arrivals")
     started = time.monotonic()
     rolled_back, fault, expect = scenario(receiver)
     fault_at = time.monotonic()

@@ -60,7 +60,7 @@ pub fn db() -> Db {
     // outbox_deliveries first: every worker statement that locks it locks it first, so this
     // waits for them instead of deadlocking with them.
     db.execute(
-        "TRUNCATE outbox_deliveries, outbox_keys, outbox_key_arrivals, outbox_key_sequencers, outbox_delivery_counts, outbox_endpoint_secrets, outbox_unrouted, outbox, processed_events;
+        "TRUNCATE outbox_attempts, outbox_deliveries, outbox_keys, outbox_key_arrivals, outbox_key_sequencers, outbox_delivery_counts, outbox_endpoint_secrets, outbox_unrouted, outbox, processed_events;
          DELETE FROM outbox_endpoints;
          INSERT INTO outbox_endpoints (name) VALUES ('default')",
     );

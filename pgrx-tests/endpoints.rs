@@ -566,5 +566,5 @@ fn with_a_million_sent_deliveries_stats_and_retention_read_only_what_they_need()
         retention.contains("outbox_deliveries_sent") && !retention.contains("Seq Scan"),
         "retention walks the sent index:\n{retention}"
     );
-    db.execute("TRUNCATE outbox_deliveries, outbox");
+    db.execute("TRUNCATE outbox_attempts, outbox_deliveries, outbox");
 }

@@ -430,3 +430,41 @@ fn a_claims_attempt_never_repeats_so_a_consumer_whose_lease_ran_out_changes_noth
     assert!(answer(&mut db, &format!("outbox_ack('fenced', {id}, 3)")));
     db.execute("SELECT outbox_endpoint_drop('fenced')");
 }
+
+#[test]
+fn nacks_keep_a_history_of_the_last_ten_claims_and_leases_show_each_role_its_own_endpoints() {
+    let mut db = db();
+    pull_endpoint(&mut db, "history-jobs", "{history.*}", ", max_attempts => 50");
+    pull_endpoint(&mut db, "other-jobs", "{other.*}", "");
+    db.fresh_role("history_consumer");
+    db.execute(
+        "GRANT EXECUTE ON FUNCTION outbox_leases() TO history_consumer;
+         SELECT outbox_endpoint_grant('history-jobs', 'history_consumer')",
+    );
+    let id = db.enqueue("history.job", "{}");
+    let other = db.enqueue("other.job", "{}");
+    for attempt in 1..=12 {
+        assert_eq!(claim(&mut db.client, "history-jobs", 1, "30 s"), vec![(id, attempt)]);
+        assert!(answer(&mut db, &format!("outbox_nack('history-jobs', {id}, {attempt}, 'failure {attempt}', '0 s')")));
+    }
+    let kept = db.column::<String>(&format!(
+        "SELECT concat_ws(' ', attempt, error, status IS NULL) FROM outbox_attempts WHERE event_id = {id} ORDER BY attempt"
+    ));
+    let expected: Vec<String> = (3..=12).map(|n| format!("{n} failure {n} t")).collect();
+    assert_eq!(kept, expected, "the last ten claims, each with its error");
+
+    // Each consumer sees the leases of the endpoints it may consume, with the attempt to extend or nack.
+    let (held, _) = (claim(&mut db.client, "history-jobs", 1, "30 s"), claim(&mut db.client, "other-jobs", 1, "30 s"));
+    let seen = db.as_role("history_consumer", "SELECT endpoint, event_id, attempt FROM outbox_leases()").unwrap();
+    let seen: Vec<(String, i64, i32)> = seen.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    assert_eq!(seen, vec![("history-jobs".to_string(), held[0].0, held[0].1)]);
+    assert!(!seen.iter().any(|(_, event, _)| *event == other), "another endpoint's lease stays hidden");
+    let everything = db.value::<i64>("SELECT count(*) FROM outbox_leases() WHERE event_id IN (SELECT event_id FROM outbox_deliveries WHERE endpoint IN ('history-jobs', 'other-jobs'))");
+    assert_eq!(everything, 2, "a superuser sees every lease");
+    db.execute("SELECT outbox_endpoint_drop('history-jobs'); SELECT outbox_endpoint_drop('other-jobs')");
+    assert_eq!(
+        db.value::<i64>(&format!("SELECT count(*) FROM outbox_attempts WHERE event_id = {id}")),
+        0,
+        "the history goes with its delivery"
+    );
+}

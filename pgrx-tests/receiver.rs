@@ -245,14 +245,21 @@ fn answer(delivery: Delivery, reply: Reply, state: &(Mutex<State>, Condvar)) -> 
         }
     };
     lock.lock().unwrap().open -= 1;
-    // A 204 has no body and so no content-length; every other answer says it has none.
+    // A 204 has no body and so no content-length; every other answer says why, as receivers do.
+    let body = if status == 204 { String::new() } else { refusal(status) };
     let mut response = format!("HTTP/1.1 {status} Test\r\n");
     if status != 204 {
-        response.push_str("content-length: 0\r\n");
+        response.push_str(&format!("content-length: {}\r\n", body.len()));
     }
     if let Some(seconds) = retry_after {
         response.push_str(&format!("retry-after: {seconds}\r\n"));
     }
     response.push_str("\r\n");
+    response.push_str(&body);
     response
+}
+
+/// The body of an answer other than 204.
+pub fn refusal(status: u16) -> String {
+    format!("{{\"error\": \"the test receiver answers {status}\"}}")
 }

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::cluster::{db, wait_until, Db};
-use super::receiver::{Receiver, Reply};
+use super::receiver::{refusal, Receiver, Reply};
 
 #[test]
 fn a_receiver_that_always_fails_sees_exactly_max_attempts_then_the_row_is_dead() {
@@ -19,6 +19,13 @@ fn a_receiver_that_always_fails_sees_exactly_max_attempts_then_the_row_is_dead()
     assert_eq!(db.value::<i32>(&format!("SELECT attempts FROM outbox_deliveries WHERE event_id = {id}")), 3);
     assert_eq!(db.value::<i64>("SELECT dead FROM outbox_stats()"), 1);
     assert_eq!(db.value::<i64>("SELECT pending + waiting FROM outbox_stats()"), 0);
+    // Each failed attempt is in the history, with the receiver's status and answer.
+    let history = db.column::<String>(&format!(
+        "SELECT concat_ws(' | ', attempt, status, error, response, duration_ms > 0 AND duration_ms < 10000)
+           FROM outbox_attempts WHERE event_id = {id} ORDER BY attempt"
+    ));
+    let expected: Vec<String> = (1..=3).map(|n| format!("{n} | 500 | HTTP 500 | {} | t", refusal(500))).collect();
+    assert_eq!(history, expected);
 
     receiver.set_reply(Reply::Status(204));
     assert_eq!(db.value::<i32>(&format!("SELECT outbox_requeue({id})")), 1);
@@ -27,6 +34,7 @@ fn a_receiver_that_always_fails_sees_exactly_max_attempts_then_the_row_is_dead()
     assert_eq!(db.value::<i64>("SELECT dead FROM outbox_stats()"), 0);
     assert_eq!(db.value::<i32>(&format!("SELECT outbox_requeue({id})")), 0, "a sent delivery cannot be requeued");
     assert_eq!(db.value::<i32>("SELECT outbox_requeue(-1)"), 0, "a missing event cannot be requeued");
+    assert_eq!(db.value::<i64>(&format!("SELECT count(*) FROM outbox_attempts WHERE event_id = {id}")), 3, "a success adds no history");
 }
 
 #[test]
@@ -76,10 +84,22 @@ fn the_relay_records_an_outcome_only_while_its_claim_is_the_latest_even_after_a_
         .client
         .query(
             &relay_statement(include_str!("../sql/record_failures.sql")),
-            &[&endpoints, &vec![id], &vec![first], &vec!["HTTP 500".to_string()], &vec![60_000f64], &vec![10i32], &extension],
+            &[
+                &endpoints,
+                &vec![id],
+                &vec![first],
+                &vec!["HTTP 500".to_string()],
+                &vec![60_000f64],
+                &vec![10i32],
+                &extension,
+                &vec![Some(500i32)],
+                &vec![12.5f64],
+                &vec![Some("busy".to_string())],
+            ],
         )
         .expect("record_failures.sql");
     assert!(failed.is_empty(), "a stale failure was recorded");
+    assert_eq!(db.value::<i64>(&format!("SELECT count(*) FROM outbox_attempts WHERE event_id = {id}")), 0, "nor kept in the history");
     db.client
         .query(&relay_statement(include_str!("../sql/mark_sent.sql")), &[&endpoints, &vec![id], &vec![first], &extension])
         .expect("mark_sent.sql");

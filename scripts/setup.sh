@@ -9,7 +9,7 @@ PG_MAJOR=15
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
 APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config libssl-dev sudo
-              libpostgresql-jdbc-java openjdk-17-jdk-headless pgbouncer "$@")
+              libpostgresql-jdbc-java openjdk-17-jdk-headless pgbouncer chromium "$@")
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -38,6 +38,13 @@ fi
 if ! python3 -c 'import standardwebhooks' 2>/dev/null; then
   echo "setup: installing the Python package standardwebhooks"
   python3 -m pip install --quiet standardwebhooks
+fi
+
+# The console's browser tests drive Debian's Chromium (above) with Playwright; Playwright's own
+# browser download is never used.
+if ! python3 -c 'import playwright.sync_api' 2>/dev/null; then
+  echo "setup: installing the Python package playwright"
+  python3 -m pip install --quiet 'playwright>=1.40,<2'
 fi
 
 # The pull-consumer clients (clients/): psycopg 3 for Python with its C implementation (the

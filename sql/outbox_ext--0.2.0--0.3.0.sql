@@ -8,6 +8,38 @@
 
 \echo Use "ALTER EXTENSION outbox_ext UPDATE" to load this file. \quit
 
+-- Failed attempts keep a history (status, duration, the start of the response) that the
+-- console shows; record_failures.sql and outbox_nack write it.
+-- The history of failed attempts, for an operator asking why a delivery is dead or late: one
+-- row per failed attempt (a relay's request that got no 2xx, or a consumer's nack), the last
+-- ten claims of each delivery, gone with the delivery. A successful attempt writes nothing here.
+CREATE TABLE @extschema@.outbox_attempts (
+    event_id    bigint      NOT NULL,
+    endpoint    text        NOT NULL,
+    attempt     integer     NOT NULL,
+    failed_at   timestamptz NOT NULL DEFAULT now(),
+    status      integer,
+    duration_ms double precision,
+    error       text        NOT NULL,
+    response    text,
+    PRIMARY KEY (event_id, endpoint, attempt),
+    FOREIGN KEY (event_id, endpoint) REFERENCES @extschema@.outbox_deliveries (event_id, endpoint) ON DELETE CASCADE
+);
+
+COMMENT ON TABLE @extschema@.outbox_attempts IS 'Failed attempts of each delivery (its last ten claims): when, the HTTP status, how long, the error and the start of the response.';
+COMMENT ON COLUMN @extschema@.outbox_attempts.attempt IS 'The claim''s fencing token (outbox_deliveries.fence).';
+COMMENT ON COLUMN @extschema@.outbox_attempts.status IS 'The receiver''s HTTP status; null when there was no answer (timeout, connection error) or for a nack.';
+COMMENT ON COLUMN @extschema@.outbox_attempts.response IS 'The first kilobyte of the receiver''s answer, as text.';
+
+-- The overview counts failures per minute over the last hour.
+CREATE INDEX outbox_attempts_failed_at ON @extschema@.outbox_attempts (failed_at);
+
+-- How many claims of a delivery the history keeps.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_attempts_kept() RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 10';
+REVOKE ALL ON FUNCTION @extschema@.outbox_attempts_kept() FROM PUBLIC;
+
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_attempts', '');
+
 -- The endpoints' version was a sequence, which moves before the change commits: a worker
 -- could read the new number with the old endpoints and sign with a secret already rotated
 -- away. It becomes a row, moved on in the change's transaction.
@@ -899,6 +931,12 @@ BEGIN
         PERFORM @extschema@.outbox_pull_endpoint(outbox_nack.endpoint, 'outbox_nack');
         RETURN false;
     END IF;
+    INSERT INTO @extschema@.outbox_attempts AS a (event_id, endpoint, attempt, error)
+    VALUES (outbox_nack.event_id, outbox_nack.endpoint, outbox_nack.attempt, reason)
+    ON CONFLICT DO NOTHING;
+    DELETE FROM @extschema@.outbox_attempts AS a
+     WHERE a.event_id = outbox_nack.event_id AND a.endpoint = outbox_nack.endpoint
+       AND a.attempt <= outbox_nack.attempt - @extschema@.outbox_attempts_kept();
     UPDATE @extschema@.outbox_endpoints AS e
        SET failing_since = coalesce(e.failing_since, now()), last_error = reason
      WHERE e.name IN (SELECT h.name
@@ -955,16 +993,58 @@ AS $$
 DECLARE
     consumer name := coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user);
 BEGIN
-    IF NOT EXISTS (SELECT FROM @extschema@.outbox_endpoint_consumers AS c
-                     JOIN pg_catalog.pg_roles AS r ON r.rolname OPERATOR(pg_catalog.=) c.role
-                    WHERE c.endpoint OPERATOR(pg_catalog.=) outbox_check_consumer.endpoint
-                      AND pg_catalog.pg_has_role(consumer, r.oid, 'MEMBER'))
-       AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) consumer AND r.rolsuper) THEN
+    IF NOT @extschema@.outbox_may_consume(outbox_check_consumer.endpoint) THEN
         RAISE EXCEPTION '%: role % may not consume endpoint %', caller, pg_catalog.quote_ident(consumer), pg_catalog.quote_nullable(endpoint)
               USING ERRCODE = 'insufficient_privilege',
                     HINT = 'An operator grants it with outbox_endpoint_grant(endpoint, role).';
     END IF;
 END
+$$;
+
+-- Whether the session's role may consume the pull endpoint: a superuser, or a member of a role
+-- granted it. Inside SECURITY DEFINER functions current_user is the extension's owner, so the
+-- role is the one the session acts as: set by SET ROLE, else the one it logged in as.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_may_consume(endpoint text)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                    WHERE r.rolname OPERATOR(pg_catalog.=) coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user)
+                      AND r.rolsuper)
+        OR EXISTS (SELECT FROM @extschema@.outbox_endpoint_consumers AS c
+                     JOIN pg_catalog.pg_roles AS r ON r.rolname OPERATOR(pg_catalog.=) c.role
+                    WHERE c.endpoint OPERATOR(pg_catalog.=) outbox_may_consume.endpoint
+                      AND pg_catalog.pg_has_role(coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user), r.oid, 'MEMBER'))
+$$;
+
+-- The claims held now on the pull endpoints the session's role may consume: what a console
+-- shows a consumer, with the attempt that outbox_extend and outbox_nack take. At most 1,000,
+-- those whose lease ends first.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_leases()
+RETURNS TABLE (
+    endpoint text,
+    event_id bigint,
+    attempt integer,
+    topic text,
+    attempts integer,
+    leased_until timestamptz)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT d.endpoint, d.event_id, d.fence, o.topic, d.attempts, d.available_at
+      FROM @extschema@.outbox_endpoints AS e
+      JOIN @extschema@.outbox_deliveries AS d ON d.endpoint = e.name
+      JOIN @extschema@.outbox AS o ON o.id = d.event_id
+     WHERE e.kind = 'pull'
+       AND @extschema@.outbox_may_consume(e.name)
+       AND d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting
+       AND d.claimed_by IS NOT NULL
+       AND d.available_at > now()
+     ORDER BY d.available_at, d.endpoint, d.event_id
+     LIMIT 1000
 $$;
 
 -- The pull endpoint's row; a class-22 error naming the caller when there is no such pull
@@ -1014,5 +1094,7 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_nack(text, bigint, integer, text, inte
 REVOKE ALL ON FUNCTION @extschema@.outbox_extend(text, bigint, integer, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_pull_endpoint(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_check_consumer(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_may_consume(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_leases() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_note_acked(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_check_lease(interval, text) FROM PUBLIC;

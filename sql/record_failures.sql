@@ -7,6 +7,9 @@
 -- Each endpoint's health notes the failure (failing_since keeps the first one since the last
 -- success). $7 is the outbox_deliveries table the deliveries were claimed from, as in
 -- mark_sent.sql.
+-- The history of each recorded failure goes to outbox_attempts ($8 the HTTP status or null,
+-- $9 how long the attempt took in milliseconds, $10 the start of the response or null), where
+-- the oldest claims beyond outbox_attempts_kept() are deleted.
 WITH failed AS (
     UPDATE @extschema@.outbox_deliveries AS d
        SET last_error   = f.error,
@@ -36,6 +39,19 @@ WITH failed AS (
                        WHERE h.name = ANY ($1)
                          AND EXISTS (SELECT FROM pg_catalog.pg_class WHERE oid = $7)
                          FOR NO KEY UPDATE SKIP LOCKED)
+), history AS (
+    INSERT INTO @extschema@.outbox_attempts AS a (event_id, endpoint, attempt, status, duration_ms, error, response)
+    SELECT f.event_id, f.endpoint, f.fence, f.status, f.duration_ms, x.last_error, f.response
+      FROM unnest($1::text[], $2::bigint[], $3::integer[], $8::integer[], $9::float8[], $10::text[])
+           AS f (endpoint, event_id, fence, status, duration_ms, response)
+      JOIN failed AS x ON x.endpoint = f.endpoint AND x.event_id = f.event_id
+    ON CONFLICT DO NOTHING
+), forgotten AS (
+    DELETE FROM @extschema@.outbox_attempts AS a
+     USING failed AS x, unnest($1::text[], $2::bigint[], $3::integer[]) AS f (endpoint, event_id, fence)
+     WHERE x.endpoint = f.endpoint AND x.event_id = f.event_id
+       AND a.event_id = f.event_id AND a.endpoint = f.endpoint
+       AND a.attempt <= f.fence - @extschema@.outbox_attempts_kept()
 )
 SELECT endpoint, event_id, attempts, dead, last_error
   FROM failed

@@ -41,7 +41,8 @@ mod e2e;
 // sql/library.sql.
 extension_sql_file!("../sql/schema.sql", bootstrap);
 extension_sql_file!("../sql/deliveries.sql", name = "deliveries");
-extension_sql_file!("../sql/ordering.sql", name = "ordering", requires = ["deliveries"]);
+extension_sql_file!("../sql/attempts.sql", name = "attempts", requires = ["deliveries"]);
+extension_sql_file!("../sql/ordering.sql", name = "ordering", requires = ["attempts"]);
 extension_sql_file!("../sql/endpoints_version.sql", name = "endpoints_version", requires = ["deliveries"]);
 extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["ordering", "endpoints_version"]);
 extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["endpoints"]);

@@ -10,8 +10,10 @@
 //! - `relay`: the `relay` command.
 //! - `migrate`: the `migrate` command; `script` makes its scripts from the extension's.
 //! - `doctor`: the `doctor` command.
+//! - `console`: the `console` command, the operator's console in a browser.
 
 mod connection;
+mod console;
 mod doctor;
 mod health;
 mod metrics;
@@ -59,6 +61,9 @@ enum Command {
     /// Compare the outbox in a database with what its version should be; exit 2 on any
     /// difference.
     Doctor(options::DatabaseOptions),
+    /// Serve the operator's console: see, search and fix deliveries in a browser, as the
+    /// role the database URL names.
+    Console(Box<options::ConsoleOptions>),
     /// Print this binary's version and the schema version it runs against.
     Version,
 }
@@ -96,6 +101,13 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("outbox doctor: error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Console(options) => match console::run(&options) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("outbox console: error: {e}");
                 ExitCode::FAILURE
             }
         },

@@ -145,7 +145,9 @@ fn transaction_text(step: &Step, schema: &str) -> String {
     )
 }
 
-/// Before a fresh install: its schema and the versions table.
+/// Before a fresh install: its schema and the versions table. Which version is installed is
+/// no secret (pg_extension shows the extension's to every role): every role the schema lets
+/// in may read it, so a console or relay of any role finds the outbox.
 fn prologue(step: &Step, schema: &str) -> String {
     // As CREATE EXTENSION and ALTER EXTENSION … UPDATE run their scripts: names not qualified
     // resolve to the outbox's schema (and pg_catalog, always searched first).
@@ -157,7 +159,8 @@ fn prologue(step: &Step, schema: &str) -> String {
         "CREATE SCHEMA IF NOT EXISTS {schema};\n{search_path}\
          CREATE TABLE {schema}.outbox_migrations (\n    version    text PRIMARY KEY,\n    \
          applied_at timestamptz NOT NULL DEFAULT pg_catalog.now(),\n    applied_by name NOT NULL DEFAULT CURRENT_USER);\n\
-         COMMENT ON TABLE {schema}.outbox_migrations IS 'The versions of the outbox that outbox migrate applied here, one row each.';\n"
+         COMMENT ON TABLE {schema}.outbox_migrations IS 'The versions of the outbox that outbox migrate applied here, one row each.';\n\
+         GRANT SELECT ON {schema}.outbox_migrations TO PUBLIC;\n"
     )
 }
 

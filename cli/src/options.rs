@@ -3,7 +3,7 @@
 //! systemd's `EnvironmentFile=` takes them). A flag wins over the environment, the
 //! environment over the file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
@@ -74,6 +74,30 @@ pub struct RelayOptions {
     /// Most bytes of request bodies held over all endpoints.
     #[arg(long, env = "OUTBOX_MAX_BYTES_IN_FLIGHT", default_value_t = defaults::MAX_BYTES_IN_FLIGHT as usize)]
     pub max_bytes_in_flight: usize,
+}
+
+/// `outbox console`.
+#[derive(Args, Debug, Clone)]
+pub struct ConsoleOptions {
+    #[command(flatten)]
+    pub database: DatabaseOptions,
+    /// Serve the console on this address. Any address but loopback needs authentication:
+    /// --token-file, OUTBOX_CONSOLE_TOKEN or --basic-auth-file.
+    #[arg(long, env = "OUTBOX_CONSOLE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Serve under this path, behind a reverse proxy (e.g. /outbox).
+    #[arg(long, env = "OUTBOX_CONSOLE_PREFIX", default_value = "")]
+    pub prefix: String,
+    /// Refuse every action, whatever the role may do.
+    #[arg(long, env = "OUTBOX_CONSOLE_READ_ONLY")]
+    pub read_only: bool,
+    /// Require `Authorization: Bearer <token>`, with the token in this file (or in
+    /// OUTBOX_CONSOLE_TOKEN): for a proxy in front that adds it.
+    #[arg(long, env = "OUTBOX_CONSOLE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Require HTTP basic authentication, with `user:password` in this file.
+    #[arg(long, env = "OUTBOX_CONSOLE_BASIC_AUTH_FILE")]
+    pub basic_auth_file: Option<PathBuf>,
 }
 
 impl RelayOptions {

@@ -240,7 +240,7 @@ impl Queue for ClientQueue {
         let deliveries = self.outbox.deliveries;
         self.transaction(|client, statements| {
             let attempts = &failures.attempts;
-            let arguments: [(&(dyn ToSql + Sync), Type); 7] = [
+            let arguments: [(&(dyn ToSql + Sync), Type); 10] = [
                 (&attempts.endpoints, Type::TEXT_ARRAY),
                 (&attempts.ids, Type::INT8_ARRAY),
                 (&attempts.fences, Type::INT4_ARRAY),
@@ -248,6 +248,9 @@ impl Queue for ClientQueue {
                 (&failures.retry_ms, Type::FLOAT8_ARRAY),
                 (&failures.caps, Type::INT4_ARRAY),
                 (&deliveries, Type::OID),
+                (&failures.statuses, Type::INT4_ARRAY),
+                (&failures.took_ms, Type::FLOAT8_ARRAY),
+                (&failures.responses, Type::TEXT_ARRAY),
             ];
             let rows = client.query_typed(&statements.record_failures, &arguments)?;
             Ok(rows

@@ -6,9 +6,10 @@
 
 /// The install script of the version this binary is: the files `src/lib.rs` declares, in its
 /// order, then the SQL forms of the library's functions.
-const INSTALL: [&str; 9] = [
+const INSTALL: [&str; 10] = [
     include_str!("../../sql/schema.sql"),
     include_str!("../../sql/deliveries.sql"),
+    include_str!("../../sql/attempts.sql"),
     include_str!("../../sql/ordering.sql"),
     include_str!("../../sql/endpoints_version.sql"),
     include_str!("../../sql/endpoints.sql"),

@@ -385,7 +385,8 @@ fn the_grant_recipes_as_written_give_each_role_of_the_sql_install_what_it_needs_
         "app_consumer",
         "CREATE TEMP TABLE claimed AS SELECT * FROM outbox.outbox_claim('mailer', 10, '30 seconds');
          SELECT outbox.outbox_ack('mailer', event_id, attempt) FROM claimed;
-         SELECT outbox.outbox_mark_processed(event_id, 'mailer') FROM claimed",
+         SELECT outbox.outbox_mark_processed(event_id, 'mailer') FROM claimed;
+         SELECT * FROM outbox.outbox_leases()",
     );
     let sent: i64 = db.query_one("SELECT count(*) FROM outbox.outbox_deliveries WHERE sent_at IS NOT NULL", &[]).unwrap().get(0);
     assert_eq!(sent, 1, "the consumer's claim and ack went through");
@@ -395,7 +396,8 @@ fn the_grant_recipes_as_written_give_each_role_of_the_sql_install_what_it_needs_
     allowed(
         "ops",
         "SELECT * FROM outbox.outbox_stats(); SELECT * FROM outbox.outbox_endpoint_stats(); SELECT outbox.outbox_requeue(1);
-         SELECT name, last_error FROM outbox.outbox_endpoints; SELECT count(*) FROM outbox.outbox_deliveries",
+         SELECT name, last_error FROM outbox.outbox_endpoints; SELECT count(*) FROM outbox.outbox_deliveries;
+         SELECT count(*) FROM outbox.outbox_attempts; SELECT * FROM outbox.outbox_relay_processes()",
     );
     for sql in [
         "SELECT url FROM outbox.outbox_endpoints",

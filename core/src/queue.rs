@@ -168,13 +168,18 @@ impl<'a> FromIterator<&'a AttemptKey> for AttemptColumns {
 }
 
 /// Failed attempts as `sql/record_failures.sql` takes them: each with its error, when to try
-/// again (milliseconds, backoff with jitter) and its endpoint's attempt cap.
+/// again (milliseconds, backoff with jitter) and its endpoint's attempt cap; and for the
+/// history, the receiver's status and the start of its answer (when it answered) and how long
+/// the attempt took (milliseconds).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FailureColumns {
     pub attempts: AttemptColumns,
     pub errors: Vec<String>,
     pub retry_ms: Vec<f64>,
     pub caps: Vec<i32>,
+    pub statuses: Vec<Option<i32>>,
+    pub took_ms: Vec<f64>,
+    pub responses: Vec<Option<String>>,
 }
 
 impl FailureColumns {
@@ -186,6 +191,9 @@ impl FailureColumns {
             errors: failed.iter().map(|(a, _)| a.outcome.last_error().unwrap_or_default()).collect(),
             retry_ms: failed.iter().map(|(a, _)| millis(retry_delay(a.attempts, a.outcome.retry_after(), jitter()))).collect(),
             caps: failed.iter().map(|(_, cap)| *cap).collect(),
+            statuses: failed.iter().map(|(a, _)| a.outcome.status().map(i32::from)).collect(),
+            took_ms: failed.iter().map(|(a, _)| millis(a.took)).collect(),
+            responses: failed.iter().map(|(a, _)| a.outcome.response().map(str::to_string)).collect(),
         }
     }
 }
@@ -245,13 +253,14 @@ mod tests {
             id: 7,
             attempts: 3,
             fence: 2,
-            outcome: Outcome::Rejected { status: 503, retry_after: None },
-            took: Duration::ZERO,
+            outcome: Outcome::Rejected { status: 503, retry_after: None, response: "try later".into() },
+            took: Duration::from_millis(40),
         };
         let columns = FailureColumns::new(&[(&attempt, 9)], || 0.5);
         assert_eq!(columns.attempts, AttemptColumns { endpoints: vec!["a".into()], ids: vec![7], fences: vec![2] });
         assert_eq!(columns.caps, [9]);
         assert_eq!(columns.errors, [attempt.outcome.last_error().unwrap()]);
         assert_eq!(columns.retry_ms, [millis(retry_delay(3, None, 0.5))]);
+        assert_eq!((columns.statuses, columns.took_ms, columns.responses), (vec![Some(503)], vec![40.0], vec![Some("try later".into())]));
     }
 }

@@ -8,6 +8,10 @@
 
 \echo Use "ALTER EXTENSION outbox_ext UPDATE" to load this file. \quit
 
+-- Failed attempts keep a history (status, duration, the start of the response) that the
+-- console shows; record_failures.sql and outbox_nack write it.
+--@include attempts.sql
+
 -- The endpoints' version was a sequence, which moves before the change commits: a worker
 -- could read the new number with the old endpoints and sign with a secret already rotated
 -- away. It becomes a row, moved on in the change's transaction.

@@ -50,7 +50,21 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
                 prepare(SEQUENCE, &[TEXTARRAYOID])?,
                 prepare(CLAIM_BATCH, &[TEXTARRAYOID, INT8ARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, INT8OID, INT4OID])?,
                 prepare(MARK_SENT, &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, OIDOID])?,
-                prepare(RECORD_FAILURES, &[TEXTARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID, FLOAT8ARRAYOID, INT4ARRAYOID, OIDOID])?,
+                prepare(
+                    RECORD_FAILURES,
+                    &[
+                        TEXTARRAYOID,
+                        INT8ARRAYOID,
+                        INT4ARRAYOID,
+                        TEXTARRAYOID,
+                        FLOAT8ARRAYOID,
+                        INT4ARRAYOID,
+                        OIDOID,
+                        INT4ARRAYOID,
+                        FLOAT8ARRAYOID,
+                        TEXTARRAYOID,
+                    ],
+                )?,
             ])
         })
     })?;
@@ -230,6 +244,9 @@ impl Queue for Queries {
                     failures.retry_ms.clone().into(),
                     failures.caps.clone().into(),
                     self.installation.deliveries.into(),
+                    failures.statuses.clone().into(),
+                    failures.took_ms.clone().into(),
+                    failures.responses.clone().into(),
                 ];
                 let mut dead = Vec::new();
                 for row in client.update(&self.record_failures, None, &args)? {

@@ -18,7 +18,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 pub use backoff::retry_delay;
 pub use destinations::Destinations;
 pub use doorbell::Doorbell;
-pub use outcome::{one_line, Outcome, OutcomeClass, MAX_ERROR_BYTES};
+pub use outcome::{one_line, Outcome, OutcomeClass, MAX_ERROR_BYTES, MAX_RESPONSE_BYTES};
 pub use sender::{AttemptKey, Sender, SenderError};
 pub use signing::{SecretError, SigningKey};
 

@@ -7,13 +7,17 @@ use super::backoff::CAP;
 /// `outbox.last_error` keeps at most this many bytes of what an attempt saw.
 pub const MAX_ERROR_BYTES: usize = 1024;
 
+/// The history of failed attempts keeps at most this many bytes of the receiver's answer.
+pub const MAX_RESPONSE_BYTES: usize = 1024;
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// The receiver answered 2xx: the event counts as sent.
     Delivered,
     /// The receiver answered something else (redirects are not followed), or a status no
-    /// HTTP version defines (hyper accepts 100–999).
-    Rejected { status: u16, retry_after: Option<Duration> },
+    /// HTTP version defines (hyper accepts 100–999). `response` is the start of its answer
+    /// (at most `MAX_RESPONSE_BYTES`, as text), for the history of failed attempts.
+    Rejected { status: u16, retry_after: Option<Duration>, response: String },
     /// No complete answer within `outbox.http_timeout`.
     TimedOut,
     /// No answer at all: refused, reset, closed mid-response, DNS, TLS.
@@ -27,7 +31,7 @@ impl Outcome {
         if (200..300).contains(&status) {
             Outcome::Delivered
         } else {
-            Outcome::Rejected { status, retry_after: retry_after.and_then(|v| parse_retry_after(v, now)) }
+            Outcome::Rejected { status, retry_after: retry_after.and_then(|v| parse_retry_after(v, now)), response: String::new() }
         }
     }
 
@@ -36,13 +40,29 @@ impl Outcome {
     pub fn last_error(&self) -> Option<String> {
         let text = match self {
             Outcome::Delivered => None,
-            Outcome::Rejected { status, retry_after: None } => Some(format!("HTTP {status}")),
-            Outcome::Rejected { status, retry_after: Some(after) } => Some(format!("HTTP {status} (Retry-After {}s)", after.as_secs())),
+            Outcome::Rejected { status, retry_after: None, .. } => Some(format!("HTTP {status}")),
+            Outcome::Rejected { status, retry_after: Some(after), .. } => Some(format!("HTTP {status} (Retry-After {}s)", after.as_secs())),
             Outcome::TimedOut => Some("timeout".to_string()),
             Outcome::Unreachable(reason) => Some(format!("unreachable: {reason}")),
             Outcome::Refused => Some(super::destinations::REFUSED.to_string()),
         };
         text.map(|t| one_line(&t, MAX_ERROR_BYTES))
+    }
+
+    /// The receiver's status, when it answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Outcome::Rejected { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The start of the receiver's answer to a failed attempt, when it answered one.
+    pub fn response(&self) -> Option<&str> {
+        match self {
+            Outcome::Rejected { response, .. } => Some(response),
+            _ => None,
+        }
     }
 
     /// The earliest retry the receiver asked for, if it asked.
@@ -168,7 +188,8 @@ mod tests {
     fn redirects_client_and_server_errors_are_rejections() {
         for status in [101, 301, 302, 400, 404, 410, 429, 500, 503] {
             let outcome = Outcome::from_status(status, None, now());
-            assert_eq!(outcome, Outcome::Rejected { status, retry_after: None });
+            assert_eq!(outcome, Outcome::Rejected { status, retry_after: None, response: String::new() });
+            assert_eq!(outcome.status(), Some(status));
             assert_eq!(outcome.last_error().unwrap(), format!("HTTP {status}"));
         }
     }

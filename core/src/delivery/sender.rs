@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::destinations::{AllowedResolver, DestinationRefused, Destinations};
-use super::{Attempt, Doorbell, Event, Outcome, Target, USER_AGENT};
+use super::{Attempt, Doorbell, Event, Outcome, Target, MAX_RESPONSE_BYTES, USER_AGENT};
 
 /// An attempt as the database knows it: endpoint, event id, fencing token.
 pub type AttemptKey = (Arc<str>, i64, i32);
@@ -199,23 +199,32 @@ async fn post(client: &reqwest::Client, target: &Target, event: &Event) -> Outco
         Err(e) => return transport_failure(e),
     };
     let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok());
-    let outcome = Outcome::from_status(response.status().as_u16(), retry_after, SystemTime::now());
+    let mut outcome = Outcome::from_status(response.status().as_u16(), retry_after, SystemTime::now());
     // Read the answer to its end (up to MAX_BODY_BYTES, within the request's timeout): a
     // connection cut mid-response is a failed attempt, and a fully read response lets the
     // connection go back to the pool. A longer body is left unread and its connection closed.
+    // A failure keeps the start of the answer for its history; a success keeps nothing.
+    let mut start = Vec::new();
     let mut read = 0;
     loop {
         match response.chunk().await {
             Ok(Some(chunk)) => {
                 read += chunk.len();
+                if outcome != Outcome::Delivered && start.len() < MAX_RESPONSE_BYTES {
+                    start.extend_from_slice(&chunk[..chunk.len().min(MAX_RESPONSE_BYTES - start.len())]);
+                }
                 if read > MAX_BODY_BYTES {
-                    return outcome;
+                    break;
                 }
             }
-            Ok(None) => return outcome,
+            Ok(None) => break,
             Err(e) => return transport_failure(e),
         }
     }
+    if let Outcome::Rejected { response, .. } = &mut outcome {
+        *response = String::from_utf8_lossy(&start).into_owned();
+    }
+    outcome
 }
 
 /// A client for requests to `port`: no redirects followed, no proxy taken from the

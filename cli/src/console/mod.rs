@@ -1,0 +1,162 @@
+//! `outbox console`: the operator's console, a few pages served by this binary, reading and
+//! acting through the SQL the contract defines, as the role it connects as.
+//!
+//! - `guard`: who may connect, and that every action comes from the console's own page.
+//! - `filter`: the events filter, from a query string.
+//! - `reads`: each page's data, one statement each (`sql/`).
+//! - `actions`: each action, one call of a contract function.
+//! - `server`: the HTTP side: routes, the compiled-in page, security headers.
+
+mod actions;
+mod filter;
+mod guard;
+mod reads;
+mod server;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::connection::{self, Compatibility};
+use crate::options::ConsoleOptions;
+
+/// How many requests are served at once, each with its own database connection.
+const SERVING_THREADS: usize = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    #[error("{0}")]
+    Guard(#[from] guard::GuardError),
+    #[error("{0}")]
+    Connect(#[from] connection::ConnectError),
+    #[error("{0}")]
+    Database(String),
+    #[error("no outbox in schema {0}, nor the extension: install it with `outbox migrate` or CREATE EXTENSION outbox_ext")]
+    NoOutbox(String),
+    #[error("the outbox is at version {0}; this console runs against {1}: {2}")]
+    Version(String, &'static str, &'static str),
+    #[error("--prefix {0:?}: write a path such as /outbox (letters, digits, -, _, . and /)")]
+    Prefix(String),
+    #[error("cannot serve on {0}: {1}")]
+    Serve(String, String),
+    #[error("cannot make the console's token: {0}")]
+    Token(std::io::Error),
+}
+
+/// Serves the console until SIGTERM or SIGINT.
+pub fn run(options: &ConsoleOptions) -> Result<(), ConsoleError> {
+    let credentials = guard::Credentials::load(
+        options.token_file.as_deref(),
+        std::env::var("OUTBOX_CONSOLE_TOKEN").ok(),
+        options.basic_auth_file.as_deref(),
+    )?;
+    let addresses = guard::listen_addresses(&options.listen, &credentials)?;
+    let prefix = prefix(&options.prefix)?;
+
+    let mut client = connection::connect(&options.database.database_url, "outbox console")?;
+    let outbox = connection::find_outbox(&mut client, &options.database.schema)
+        .map_err(|e| ConsoleError::Database(connection::error_text(&e)))?
+        .ok_or_else(|| ConsoleError::NoOutbox(options.database.schema.clone()))?;
+    match outbox.compatibility() {
+        Compatibility::Current => {}
+        Compatibility::Older => {
+            return Err(ConsoleError::Version(
+                outbox.version,
+                connection::VERSION,
+                "upgrade it first (outbox migrate, or ALTER EXTENSION outbox_ext UPDATE)",
+            ))
+        }
+        Compatibility::Newer => return Err(ConsoleError::Version(outbox.version, connection::VERSION, "run a console of its version")),
+    }
+
+    let http = tiny_http::Server::http(&addresses[..]).map_err(|e| ConsoleError::Serve(options.listen.clone(), e.to_string()))?;
+    let site = Arc::new(server::Site {
+        prefix,
+        token: guard::random_token().map_err(ConsoleError::Token)?,
+        credentials,
+        read_only: options.read_only,
+        database_url: options.database.database_url.clone(),
+        reads: reads::Reads::new(&outbox.schema),
+        actions: actions::Actions::new(&outbox.schema),
+    });
+    let http = Arc::new(http);
+    let stopping = Arc::new(AtomicBool::new(false));
+    let mut first = Some(client);
+    let threads: Vec<_> = (0..SERVING_THREADS)
+        .map(|n| {
+            let (http, site, client, stopping) = (Arc::clone(&http), Arc::clone(&site), first.take(), Arc::clone(&stopping));
+            std::thread::Builder::new()
+                .name(format!("outbox-console-{n}"))
+                .spawn(move || server::serve(&http, &site, client, &stopping))
+                .map_err(|e| ConsoleError::Serve(options.listen.clone(), e.to_string()))
+        })
+        .collect::<Result<_, _>>()?;
+    let address = http.server_addr().to_ip().map_or(options.listen.clone(), |a| a.to_string());
+    eprintln!(
+        "outbox console: serving http://{address}{}/ for {} (schema {}, version {}){}",
+        site.prefix,
+        redacted(&options.database.database_url),
+        outbox.schema,
+        outbox.version,
+        if site.read_only { ", read-only" } else { "" }
+    );
+
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])
+        .map_err(|e| ConsoleError::Serve(options.listen.clone(), e.to_string()))?;
+    signals.forever().next();
+    stopping.store(true, Ordering::SeqCst);
+    for _ in &threads {
+        http.unblock();
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+    eprintln!("outbox console: stopped");
+    Ok(())
+}
+
+/// `--prefix` as the routes start with it: empty, or `/name` with no trailing slash.
+fn prefix(given: &str) -> Result<String, ConsoleError> {
+    let trimmed = given.trim().trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Ok(String::new());
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_./".contains(c);
+    if !trimmed.starts_with('/') || !trimmed.chars().all(allowed) || trimmed.contains("//") || trimmed.contains("..") {
+        return Err(ConsoleError::Prefix(given.to_string()));
+    }
+    Ok(trimmed.to_string())
+}
+
+/// The database URL without its password, for the log.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let user = &url[scheme + 3..at];
+            let user = user.split_once(':').map_or(user, |(name, _)| name);
+            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_is_a_plain_path() {
+        assert_eq!(prefix("").unwrap(), "");
+        assert_eq!(prefix("/").unwrap(), "");
+        assert_eq!(prefix("/outbox/").unwrap(), "/outbox");
+        assert_eq!(prefix("/ops/outbox-1").unwrap(), "/ops/outbox-1");
+        for bad in ["outbox", "/a b", "/a\"b", "/../x", "//evil.example", "/a?b"] {
+            assert!(prefix(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_log_never_shows_a_password() {
+        assert_eq!(redacted("postgres://ops:s3cret@127.0.0.1:5432/app"), "postgres://ops@127.0.0.1:5432/app");
+        assert_eq!(redacted("postgres://ops@127.0.0.1/app"), "postgres://ops@127.0.0.1/app");
+    }
+}
