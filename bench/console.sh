@@ -110,7 +110,6 @@ time_page "events, one id" "api/events?id=$middle"
 time_page "count, dead (capped at 10,000)" "api/count?state=dead"
 time_page "count, everything (capped at 10,000)" "api/count"
 time_page "event detail, dead with history" "api/event?id=$dead_id"
-time_page "leases" "api/leases"
 {
   echo
   echo "Slowest page: ${slowest_page} ms. The exact count a bulk action shows before it runs"

@@ -40,6 +40,9 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_attempts_kept() FROM PUBLIC;
 
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_attempts', '');
 
+-- Events searched by time (the console's window on created_at), as sql/schema.sql makes it.
+CREATE INDEX outbox_created_at ON @extschema@.outbox USING brin (created_at);
+
 -- The endpoints' version was a sequence, which moves before the change commits: a worker
 -- could read the new number with the old endpoints and sign with a secret already rotated
 -- away. It becomes a row, moved on in the change's transaction.

@@ -12,6 +12,9 @@
 -- console shows; record_failures.sql and outbox_nack write it.
 --@include attempts.sql
 
+-- Events searched by time (the console's window on created_at), as sql/schema.sql makes it.
+CREATE INDEX outbox_created_at ON @extschema@.outbox USING brin (created_at);
+
 -- The endpoints' version was a sequence, which moves before the change commits: a worker
 -- could read the new number with the old endpoints and sign with a secret already rotated
 -- away. It becomes a row, moved on in the change's transaction.

@@ -30,6 +30,7 @@ pub struct Reads {
     event: String,
     events: String,
     count: String,
+    estimate: String,
 }
 
 /// A page's data.
@@ -61,6 +62,8 @@ impl Reads {
             event: qualify(include_str!("sql/event.sql"), schema),
             events: with_filter(include_str!("sql/events.sql")),
             count: with_filter(include_str!("sql/count.sql")),
+            // The planner's guess at how many deliveries match: no row is read.
+            estimate: qualify(&format!("EXPLAIN SELECT\n{FILTER}"), schema),
         }
     }
 
@@ -88,12 +91,37 @@ impl Reads {
                 let mut parameters: Vec<(&(dyn ToSql + Sync), Type)> = filter.parameters();
                 parameters.push((&cap, Type::INT8));
                 let count: i64 = transaction.query_typed_one(&self.count, &parameters)?.get(0);
+                if count < cap {
+                    transaction.commit()?;
+                    return Ok(Some(format!("{{\"count\":{count},\"more\":false}}")));
+                }
+                parameters.pop();
+                let plan = transaction.query_typed(&self.estimate, &parameters)?;
+                let plan: String = plan.first().map_or_else(String::new, |line| line.get(0));
                 transaction.commit()?;
-                let more = count > cap - 1;
-                return Ok(Some(format!("{{\"count\":{},\"more\":{more}}}", if more { COUNT_CAP } else { count })));
+                let estimate = planned_rows(&plan).map_or("null".to_string(), |rows| rows.max(COUNT_CAP).to_string());
+                return Ok(Some(format!("{{\"count\":{COUNT_CAP},\"more\":true,\"estimate\":{estimate}}}")));
             }
         };
         transaction.commit()?;
         Ok(row.map(|row| row.get(0)))
+    }
+}
+
+/// The rows the top of a plan expects, from EXPLAIN's first line (`… (cost=… rows=N width=…)`).
+fn planned_rows(plan: &str) -> Option<i64> {
+    let after = &plan[plan.find(" rows=")? + " rows=".len()..];
+    after[..after.find(|c: char| !c.is_ascii_digit())?].parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_is_the_rows_the_plan_expects() {
+        assert_eq!(planned_rows("Hash Join  (cost=1.00..2.00 rows=123456 width=0)"), Some(123456));
+        assert_eq!(planned_rows("Result  (cost=0.00..0.01 rows=1 width=0)"), Some(1));
+        assert_eq!(planned_rows("nothing here"), None);
     }
 }

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import psycopg
@@ -253,12 +254,16 @@ def test_a_bulk_requeue_shows_its_count_first_and_acts_only_when_confirmed(ctx):
                lambda: sql("SELECT count(*) FROM outbox.outbox_deliveries WHERE endpoint = 'billing' AND sent_at IS NULL")[0][0] == 0)
 
 
-def test_events_are_found_by_json_path_key_and_topic_and_the_overview_refreshes(ctx):
+def test_events_are_found_by_json_path_key_topic_and_time_and_the_overview_refreshes(ctx):
     page, console, ids = ctx["page"], ctx["ops"], ctx["ids"]
+    window = [urllib.parse.quote(t) for t in sql("SELECT (now() - interval '1 hour')::text, (now() + interval '1 hour')::text")[0]]
     for query, expected in [("path=" + "%24.order%20%3F%20(%40%20%3D%3D%203)", {ids[3]}), ("key=customer-1", {ids[1], ids[4]}),
-                            ("topic=mail.*", set(r[0] for r in sql("SELECT id FROM outbox.outbox WHERE topic = 'mail.welcome'")))]:
+                            ("topic=mail.*", set(r[0] for r in sql("SELECT id FROM outbox.outbox WHERE topic = 'mail.welcome'"))),
+                            ("endpoint=billing&since=2000-01-01&until=2000-01-02", set()),
+                            ("endpoint=billing&since=" + window[0] + "&until=" + window[1], set(ids))]:
         page.goto(console.base + "#/events?" + query)
-        page.wait_for_selector("#events #count")
+        page.wait_for_function("q => document.querySelector('#events #count') && document.querySelector('#events').dataset.query === q",
+                               arg=query)
         shown = {int(e) for e in page.locator("#events tbody tr").evaluate_all("rows => rows.map(r => r.dataset.event)")}
         check(shown == expected, f"{query}: shown {shown}, expected {expected}")
     page.goto(console.base + "#/events?path=%24%24%24")
@@ -268,6 +273,29 @@ def test_events_are_found_by_json_path_key_and_topic_and_the_overview_refreshes(
     page.wait_for_selector("#overview")
     with page.expect_response(lambda r: r.url.endswith("/api/endpoints"), timeout=15000):
         pass  # the overview asks again by itself
+
+
+def test_counts_are_exact_up_to_ten_thousand_and_marked_as_an_estimate_beyond(ctx):
+    page, console = ctx["page"], ctx["ops"]
+    sql("""SELECT outbox.outbox_endpoint_set('archive', 'http://127.0.0.1:9/', '{archive.*}');
+           WITH events AS (INSERT INTO outbox.outbox (topic, payload) SELECT 'archive.row', '{}' FROM generate_series(1, 10050) RETURNING id)
+           INSERT INTO outbox.outbox_deliveries (event_id, endpoint, sent_at) SELECT id, 'archive', now() FROM events""")
+    sql("ANALYZE outbox.outbox, outbox.outbox_deliveries")
+    try:
+        status, counted = console.request("api/count?endpoint=archive")
+        check(status == 200 and counted["more"] and counted["count"] == 10000 and counted["estimate"] >= 10000,
+              f"beyond 10,000: a bound and the planner's estimate, not {counted}")
+        check(console.request("api/count/exact?endpoint=archive")[1] == {"count": 10050, "more": False}, "the exact count is exact")
+        check(console.request("api/count?endpoint=billing")[1]["more"] is False, "below the cap the count is exact")
+        page.goto(console.base + "#/events?endpoint=archive")
+        page.wait_for_selector("#count:has-text('the planner')")
+        page.locator("#next").click()
+        page.wait_for_selector("#events tbody tr")
+        first = int(page.locator("#events tbody tr").first.get_attribute("data-event"))
+        newest = sql("SELECT max(event_id) FROM outbox.outbox_deliveries WHERE endpoint = 'archive'")[0][0]
+        check(first == newest - 50, f"the second page starts after the first 50 ({first}, newest {newest})")
+    finally:
+        sql("SELECT outbox.outbox_endpoint_drop('archive')")
 
 
 def test_an_operator_creates_edits_disables_enables_replays_and_drops_an_endpoint(ctx):

@@ -199,7 +199,7 @@
     ["since", "created since"], ["until", "created until"], ["path", "JSON path ($.customer ? (@ == \"c-1\"))"]];
 
   async function events(query) {
-    const view = el("div", { id: "events" });
+    const view = el("div", { id: "events", "data-query": query });
     if (!session.access.read.events) {
       view.append(el("p", {}, "The console's role (" + session.access.role + ") may not read events."));
       return view;
@@ -224,7 +224,10 @@
     filter.delete("after");
     const [page, count] = await Promise.all([get("api/events?" + params.toString()), get("api/count?" + filter.toString()).catch(() => null)]);
     view.append(el("p", { id: "count", class: "muted" },
-      count === null ? "Counting took too long." : count.more ? "More than " + count.count.toLocaleString("en") + " deliveries match." : count.count + " deliveries match."));
+      count === null ? "Counting took too long."
+        : count.more ? "More than " + count.count.toLocaleString("en") + " deliveries match" +
+          (count.estimate ? " (about " + count.estimate.toLocaleString("en") + ", the planner's estimate)." : ".")
+        : count.count + " deliveries match."));
 
     const selected = new Set();
     const operations = [["requeue", "Requeue"], ["skip", "Skip"]].filter(([op]) => can(op));

@@ -19,4 +19,18 @@
    AND ($6::bigint IS NULL OR d.event_id OPERATOR(pg_catalog.=) $6)
    AND ($7::text IS NULL OR o.created_at OPERATOR(pg_catalog.>=) $7::text::timestamptz)
    AND ($8::text IS NULL OR o.created_at OPERATOR(pg_catalog.<) $8::text::timestamptz)
+   -- With both ends of the window, only the deliveries between the window's first and last
+   -- event are read: each end found through the BRIN index on created_at.
+   AND ($7::text IS NULL OR $8::text IS NULL
+        OR d.event_id OPERATOR(pg_catalog.>=) (SELECT pg_catalog.min(w.id)
+                                                  FROM (SELECT b.id FROM @extschema@.outbox AS b
+                                                         WHERE b.created_at OPERATOR(pg_catalog.>=) $7::text::timestamptz
+                                                           AND b.created_at OPERATOR(pg_catalog.<) $8::text::timestamptz
+                                                        OFFSET 0) AS w))
+   AND ($7::text IS NULL OR $8::text IS NULL
+        OR d.event_id OPERATOR(pg_catalog.<=) (SELECT pg_catalog.max(w.id)
+                                                  FROM (SELECT b.id FROM @extschema@.outbox AS b
+                                                         WHERE b.created_at OPERATOR(pg_catalog.>=) $7::text::timestamptz
+                                                           AND b.created_at OPERATOR(pg_catalog.<) $8::text::timestamptz
+                                                        OFFSET 0) AS w))
    AND ($9::text IS NULL OR o.payload OPERATOR(pg_catalog.@?) $9::text::jsonpath)
