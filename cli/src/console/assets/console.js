@@ -103,6 +103,12 @@
     }
   }
 
+  // What a view says when the role may not read what it shows.
+  function refused(view, what) {
+    view.append(el("p", {}, "The console's role (" + session.access.role + ") may not " + what + "."));
+    return view;
+  }
+
   // ---- Overview ----
 
   async function overview() {
@@ -200,10 +206,7 @@
 
   async function events(query) {
     const view = el("div", { id: "events", "data-query": query });
-    if (!session.access.read.events) {
-      view.append(el("p", {}, "The console's role (" + session.access.role + ") may not read events."));
-      return view;
-    }
+    if (!session.access.read.events) return refused(view, "read events");
     const params = new URLSearchParams(query);
     const form = el("form", { class: "filter", onsubmit: (e) => {
       e.preventDefault();
@@ -323,10 +326,7 @@
 
   async function endpoints() {
     const view = el("div", { id: "endpoints" });
-    if (!session.access.read.endpoints) {
-      view.append(el("p", {}, "The console's role (" + session.access.role + ") may not read endpoints."));
-      return view;
-    }
+    if (!session.access.read.endpoints) return refused(view, "read endpoints");
     const list = await get("api/endpoints");
     for (const e of list) {
       const card = el("div", { class: "card", "data-endpoint": e.name },
@@ -406,10 +406,7 @@
 
   async function leases() {
     const view = el("div", { id: "leases" });
-    if (!session.access.read.leases) {
-      view.append(el("p", {}, "The console's role (" + session.access.role + ") may not see pull consumers' leases."));
-      return view;
-    }
+    if (!session.access.read.leases) return refused(view, "see pull consumers' leases");
     const list = await get("api/leases");
     if (!list.length) view.append(el("p", { class: "muted" }, "No lease is held on the pull endpoints this role may consume."));
     for (const l of list) {
