@@ -1013,12 +1013,12 @@ LANGUAGE sql
 STABLE
 AS $$
     SELECT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
-                    WHERE r.rolname OPERATOR(pg_catalog.=) coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user)
-                      AND r.rolsuper)
+                    WHERE r.rolname OPERATOR(pg_catalog.=) me.name AND r.rolsuper)
         OR EXISTS (SELECT FROM @extschema@.outbox_endpoint_consumers AS c
                      JOIN pg_catalog.pg_roles AS r ON r.rolname OPERATOR(pg_catalog.=) c.role
                     WHERE c.endpoint OPERATOR(pg_catalog.=) outbox_may_consume.endpoint
-                      AND pg_catalog.pg_has_role(coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user), r.oid, 'MEMBER'))
+                      AND pg_catalog.pg_has_role(me.name, r.oid, 'MEMBER'))
+      FROM (SELECT coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user)::name AS name) AS me
 $$;
 
 -- The claims held now on the pull endpoints the session's role may consume: what a console

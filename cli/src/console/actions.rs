@@ -5,11 +5,9 @@ use postgres::types::{ToSql, Type};
 use postgres::Client;
 use serde::Deserialize;
 
-use super::filter::{Filter, FilterError};
+use super::filter::{with_filter, Filter, FilterError};
 use super::reads::BULK_TIMEOUT;
 use outbox_core::statements::qualify;
-
-const FILTER: &str = include_str!("sql/filter.sql");
 
 /// An action, as the console's page posts it.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -139,7 +137,7 @@ impl Actions {
             requeue: call("SELECT @extschema@.outbox_requeue($1, $2)::bigint"),
             skip: call("SELECT @extschema@.outbox_skip($1, $2)::integer::bigint"),
             replay: call("SELECT @extschema@.outbox_replay($1, $2::text::timestamptz, coalesce($3::text::timestamptz, pg_catalog.now()))"),
-            bulk: call(&include_str!("sql/bulk.sql").replace("--@include filter.sql", FILTER)),
+            bulk: with_filter(include_str!("sql/bulk.sql"), schema),
             selection: call(include_str!("sql/selection.sql")),
             endpoint_set: call(
                 "SELECT 0::int8 FROM @extschema@.outbox_endpoint_set(name => $1, url => $2, topics => $3, kind => $4, \

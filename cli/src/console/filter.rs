@@ -4,8 +4,18 @@
 
 use postgres::types::{ToSql, Type};
 
+use outbox_core::statements::qualify;
+
+const FILTER: &str = include_str!("sql/filter.sql");
+
 /// The states a delivery is listed by.
 pub const STATES: [&str; 4] = ["pending", "waiting", "dead", "sent"];
+
+/// `sql` with sql/filter.sql in place of its `--@include filter.sql` line, naming the outbox's
+/// objects by `schema`.
+pub fn with_filter(sql: &str, schema: &str) -> String {
+    qualify(&sql.replace("--@include filter.sql", FILTER), schema)
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {

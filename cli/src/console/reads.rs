@@ -4,10 +4,8 @@
 use postgres::types::{ToSql, Type};
 use postgres::Client;
 
-use super::filter::Filter;
+use super::filter::{with_filter, Filter};
 use outbox_core::statements::qualify;
-
-const FILTER: &str = include_str!("sql/filter.sql");
 
 /// How long a page's statement may run: pages answer in milliseconds, so a statement this
 /// slow means a table far bigger than its indexes expect; better an error than a stuck page.
@@ -51,7 +49,6 @@ pub enum Page {
 
 impl Reads {
     pub fn new(schema: &str) -> Reads {
-        let with_filter = |sql: &str| qualify(&sql.replace("--@include filter.sql", FILTER), schema);
         Reads {
             schema: schema.to_string(),
             access: include_str!("sql/access.sql").to_string(),
@@ -60,10 +57,10 @@ impl Reads {
             relays: qualify(include_str!("sql/relays.sql"), schema),
             leases: qualify(include_str!("sql/leases.sql"), schema),
             event: qualify(include_str!("sql/event.sql"), schema),
-            events: with_filter(include_str!("sql/events.sql")),
-            count: with_filter(include_str!("sql/count.sql")),
+            events: with_filter(include_str!("sql/events.sql"), schema),
+            count: with_filter(include_str!("sql/count.sql"), schema),
             // The planner's guess at how many deliveries match: no row is read.
-            estimate: qualify(&format!("EXPLAIN SELECT\n{FILTER}"), schema),
+            estimate: with_filter("EXPLAIN SELECT\n--@include filter.sql", schema),
         }
     }
 

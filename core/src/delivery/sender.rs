@@ -204,13 +204,14 @@ async fn post(client: &reqwest::Client, target: &Target, event: &Event) -> Outco
     // connection cut mid-response is a failed attempt, and a fully read response lets the
     // connection go back to the pool. A longer body is left unread and its connection closed.
     // A failure keeps the start of the answer for its history; a success keeps nothing.
+    let keep_start = matches!(outcome, Outcome::Rejected { .. });
     let mut start = Vec::new();
     let mut read = 0;
     loop {
         match response.chunk().await {
             Ok(Some(chunk)) => {
                 read += chunk.len();
-                if outcome != Outcome::Delivered && start.len() < MAX_RESPONSE_BYTES {
+                if keep_start && start.len() < MAX_RESPONSE_BYTES {
                     start.extend_from_slice(&chunk[..chunk.len().min(MAX_RESPONSE_BYTES - start.len())]);
                 }
                 if read > MAX_BODY_BYTES {
