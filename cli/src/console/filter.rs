@@ -7,14 +7,16 @@ use postgres::types::{ToSql, Type};
 use outbox_core::statements::qualify;
 
 const FILTER: &str = include_str!("sql/filter.sql");
+const BOUNDS: &str = include_str!("sql/bounds.sql");
 
 /// The states a delivery is listed by.
 pub const STATES: [&str; 4] = ["pending", "waiting", "dead", "sent"];
 
-/// `sql` with sql/filter.sql in place of its `--@include filter.sql` line, naming the outbox's
+/// `sql` with sql/filter.sql in place of its `--@include filter.sql` line and the filter's
+/// bounds (sql/bounds.sql) in place of its `--@include bounds.sql` line, naming the outbox's
 /// objects by `schema`.
 pub fn with_filter(sql: &str, schema: &str) -> String {
-    qualify(&sql.replace("--@include filter.sql", FILTER), schema)
+    qualify(&sql.replace("--@include bounds.sql", BOUNDS).replace("--@include filter.sql", FILTER), schema)
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

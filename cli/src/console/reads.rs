@@ -60,7 +60,7 @@ impl Reads {
             events: with_filter(include_str!("sql/events.sql"), schema),
             count: with_filter(include_str!("sql/count.sql"), schema),
             // The planner's guess at how many deliveries match: no row is read.
-            estimate: with_filter("EXPLAIN SELECT\n--@include filter.sql", schema),
+            estimate: with_filter("EXPLAIN WITH\n--@include bounds.sql\nSELECT\n--@include filter.sql", schema),
         }
     }
 

@@ -1,6 +1,8 @@
 -- Requeues ($10 = 'requeue') or skips ($10 = 'skip') every delivery an events filter matches,
 -- oldest event first, each through the contract's function, so its rules and the role's
 -- privileges apply; returns how many it changed.
+WITH
+--@include bounds.sql
 SELECT pg_catalog.count(*) FILTER (WHERE CASE $10::text
                                             WHEN 'requeue' THEN @extschema@.outbox_requeue(m.event_id, m.endpoint) OPERATOR(pg_catalog.>) 0
                                             WHEN 'skip' THEN @extschema@.outbox_skip(m.endpoint, m.event_id)

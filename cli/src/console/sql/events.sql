@@ -1,7 +1,9 @@
 -- A page of the deliveries an events filter matches, newest event first: at most 50, after the
 -- cursor ($10 event id, $11 endpoint: the last row of the page before), served by the primary
 -- key read backwards. `more` says whether another page follows.
-WITH page AS (
+WITH
+--@include bounds.sql
+, page AS (
     SELECT d.event_id, d.endpoint, o.topic, o.key, o.created_at, d.attempts, d.available_at,
            d.sent_at, d.dead_at, d.last_error,
            CASE WHEN d.sent_at IS NOT NULL THEN 'sent'
