@@ -15,6 +15,7 @@ install_extension >/dev/null
 echo "== alert rules"
 promtool check rules monitoring/alerts.yml
 promtool test rules monitoring/alerts.test.yml
+python3 monitoring/check_runbook.py
 
 DIR=$(mktemp -d /tmp/outbox-monitoring.XXXXXX)
 chmod 755 "$DIR"

@@ -10,6 +10,7 @@ mod bad_settings;
 mod budgets;
 mod consumer;
 mod databases;
+mod dead;
 mod delivery;
 mod destinations;
 mod dump_restore;

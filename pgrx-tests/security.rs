@@ -208,7 +208,9 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
                outbox_replay(text, timestamptz, timestamptz), outbox_endpoint_set(text, text, text[], text, jsonb, interval, integer, integer, boolean, boolean),
                outbox_endpoint_rotate_secret(text, text, interval), outbox_endpoint_disable(text, text), outbox_endpoint_enable(text),
                outbox_endpoint_drop(text), outbox_skip(text, bigint), outbox_endpoint_grant(text, regrole),
-               outbox_endpoint_revoke(text, regrole) TO operator;
+               outbox_endpoint_revoke(text, regrole), outbox_dead(text, text, text, timestamptz, timestamptz, integer),
+               outbox_requeue_dead(text, text, text, timestamptz, timestamptz, boolean),
+               outbox_skip_dead(text, text, text, timestamptz, timestamptz, boolean) TO operator;
          GRANT SELECT ON outbox, outbox_deliveries TO operator;
          GRANT SELECT (name, kind, topics, timeout, max_attempts, max_in_flight, ordered, notify, failing_since,
                        last_success_at, last_error, disabled_at, disabled_reason) ON outbox_endpoints TO operator",
@@ -224,6 +226,10 @@ fn the_operator_recipe_watches_and_requeues_and_cannot_forge() {
     assert_eq!(error, None);
     let skipped: bool = db.as_role("operator", &format!("SELECT outbox_skip('default', {id})")).unwrap()[0].get(0);
     assert!(!skipped, "a dead delivery of an unordered endpoint blocks no key");
+    let listed: i64 = db.as_role("operator", "SELECT event_id FROM outbox_dead()").unwrap()[0].get(0);
+    assert_eq!(listed, id, "an operator lists the dead deliveries");
+    let would: i64 = db.as_role("operator", "SELECT outbox_requeue_dead(topic => 'stuck')").unwrap()[0].get(0);
+    assert_eq!(would, 1, "and counts what a bulk requeue would do");
     let requeued: i32 = db.as_role("operator", &format!("SELECT outbox_requeue({id})")).unwrap()[0].get(0);
     assert_eq!(requeued, 1);
     let secret: String = db.as_role("operator", "SELECT outbox_endpoint_rotate_secret('default')").unwrap()[0].get(0);

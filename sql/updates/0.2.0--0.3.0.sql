@@ -30,3 +30,6 @@ DROP SEQUENCE @extschema@.outbox_endpoints_version;
 -- call: outbox_claim had a second copy of it.
 --@include claim.sql
 --@include pull.sql
+
+-- Dead deliveries listed, requeued and skipped by a filter, with a dry-run count first.
+--@include dead.sql
