@@ -9,7 +9,8 @@ PG_MAJOR=15
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
 APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config libssl-dev sudo
-              libpostgresql-jdbc-java openjdk-17-jdk-headless pgbouncer chromium "$@")
+              libpostgresql-jdbc-java openjdk-17-jdk-headless pgbouncer chromium
+              libspring-jdbc-java libspring-transaction-java "$@")
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -58,4 +59,16 @@ fi
 if ! cmp -s clients/node/package-lock.json clients/node/node_modules/.installed-lock.json; then
   echo "setup: installing the Node client's packages"
   (cd clients/node && npm ci --silent --no-audit --no-fund && cp package-lock.json node_modules/.installed-lock.json)
+fi
+
+# The framework examples (examples/): Django, SQLAlchemy, and Flask served by waitress for Python;
+# Knex, Express and pg for Node (the versions examples/node/package-lock.json pins); Spring's JDBC
+# and transactions for Java (Debian packages, above).
+if ! python3 -c 'import django, sqlalchemy, flask, waitress' 2>/dev/null; then
+  echo "setup: installing the Python packages of the examples"
+  python3 -m pip install --quiet 'django>=5.2,<6' 'sqlalchemy>=2.0,<3' 'flask>=3.0,<4' 'waitress>=3.0,<4'
+fi
+if ! cmp -s examples/node/package-lock.json examples/node/node_modules/.installed-lock.json; then
+  echo "setup: installing the Node examples' packages"
+  (cd examples/node && npm ci --silent --no-audit --no-fund && cp package-lock.json node_modules/.installed-lock.json)
 fi

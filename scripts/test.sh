@@ -54,6 +54,9 @@ cli/test.sh
 # The pull-consumer clients in Python, Node and Java, through the same scenarios.
 clients/test.sh
 
+# The framework examples (Django, SQLAlchemy, Flask, Knex, Express, Spring) against the SQL install.
+examples/test.sh
+
 # Alert rules under promtool, and the real Prometheus exporter scraped over 127.0.0.1.
 monitoring/test.sh
 
