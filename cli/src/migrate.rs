@@ -67,10 +67,12 @@ pub fn run(options: &DatabaseOptions, target: Option<&str>, dry_run: bool) -> Re
     }
     let schema = quote_ident(&mut client, &options.schema)?;
     let target = target.unwrap_or(VERSION).to_string();
+    let mut stepped = false;
     loop {
         let current = applied_version(&mut client, &schema)?;
         let Some(step) = next_step(current.as_deref(), &target, &schema)? else {
             match current {
+                Some(version) if stepped => eprintln!("outbox migrate: the outbox in schema {schema} is at version {version}"),
                 Some(version) => eprintln!("outbox migrate: the outbox in schema {schema} is at version {version}: nothing to do"),
                 None => eprintln!("outbox migrate: nothing to do"),
             }
@@ -95,6 +97,7 @@ pub fn run(options: &DatabaseOptions, target: Option<&str>, dry_run: bool) -> Re
         }
         if apply(&mut client, &step, &schema, &options.schema)? {
             eprintln!("outbox migrate: version {} done in {:.1} s", step.to, started.elapsed().as_secs_f64());
+            stepped = true;
         }
     }
 }

@@ -24,6 +24,7 @@ fn migrate_installs_as_a_role_with_only_create_what_create_extension_installs() 
     assert!(!superuser, "the owner is an ordinary role");
     let said = migrate("outbox_t_sql", &[]);
     assert!(said.contains("installing version 0.3.0 into schema outbox"), "{said}");
+    assert!(said.contains(" is at version 0.3.0\n") && !said.contains("nothing to do"), "a migrate that installed says so: {said}");
 
     let mut extension = fresh_database("outbox_t_ext");
     extension.batch_execute("CREATE SCHEMA outbox; CREATE EXTENSION outbox_ext SCHEMA outbox").unwrap();
@@ -339,13 +340,13 @@ fn enqueue_in_sql_writes_what_the_library_writes_whatever_the_callers_search_pat
     assert_eq!((sql_changed.as_str(), library_changed.as_str()), ("40001", "40001"), "a changed endpoint fails the enqueue");
 }
 
-/// The SQL block of README.md that holds `marker`, as written.
-fn readme_sql_with(marker: &str) -> String {
-    let readme = include_str!("../../README.md");
-    let at = readme.find(marker).unwrap_or_else(|| panic!("README.md has {marker:?}"));
-    let start = readme[..at].rfind("```sql\n").expect("a sql block holds it") + "```sql\n".len();
-    let end = at + readme[at..].find("```").expect("the block ends");
-    readme[start..end].to_string()
+/// The SQL block of docs/security.md (the GRANT recipes) that holds `marker`, as written.
+fn recipe_sql_with(marker: &str) -> String {
+    let page = include_str!("../../docs/security.md");
+    let at = page.find(marker).unwrap_or_else(|| panic!("docs/security.md has no {marker:?}"));
+    let start = page[..at].rfind("```sql\n").expect("a sql block holds it") + "```sql\n".len();
+    let end = at + page[at..].find("```").expect("the block ends");
+    page[start..end].to_string()
 }
 
 /// Runs `sql` as `role`; the SQLSTATE if it fails.
@@ -360,7 +361,7 @@ fn the_grant_recipes_as_written_give_each_role_of_the_sql_install_what_it_needs_
     for role in ["app_producer", "app_consumer", "ops", "monitor"] {
         db.batch_execute(&format!("DO $$ BEGIN CREATE ROLE {role} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")).unwrap();
     }
-    // The owner of the SQL install grants, as the README's recipes ask, on the schema the
+    // The owner of the SQL install grants, as the GRANT recipes ask, on the schema the
     // install recipe names (`outbox`, as `outbox migrate` does by default).
     let mut owner = connect("outbox_owner", "outbox_t_recipes");
     owner
@@ -369,8 +370,8 @@ fn the_grant_recipes_as_written_give_each_role_of_the_sql_install_what_it_needs_
              SELECT outbox.outbox_endpoint_set('mailer', NULL, '{mail.*}', kind => 'pull');",
         )
         .unwrap();
-    owner.batch_execute(&readme_sql_with("-- producer: enqueues in its own transactions")).expect("the GRANT recipes run as written");
-    owner.batch_execute(&readme_sql_with("-- the exporter's role")).expect("the monitoring recipe runs as written");
+    owner.batch_execute(&recipe_sql_with("-- producer: enqueues in its own transactions")).expect("the GRANT recipes run as written");
+    owner.batch_execute(&recipe_sql_with("-- the exporter's role")).expect("the monitoring recipe runs as written");
     let database = "outbox_t_recipes";
     let allowed = |role: &str, sql: &str| as_role(database, role, sql).unwrap_or_else(|e| panic!("{role} may run {sql}: {e}"));
     let refused = |role: &str, sql: &str| assert_eq!(as_role(database, role, sql), Err("42501".to_string()), "{role} may not run {sql}");
