@@ -55,8 +55,8 @@ qc "INSERT INTO outbox.outbox_attempts (event_id, endpoint, attempt, failed_at, 
 qc "VACUUM ANALYZE" >/dev/null
 echo "bench: $(qc "SELECT count(*) FROM outbox.outbox") events, $(qc "SELECT count(*) FROM outbox.outbox_deliveries WHERE dead_at IS NOT NULL") dead, in $(( $(date +%s) - started )) s"
 
-# The operator's role, as the README's recipe grants it.
-recipe=$(awk '/^-- operator: watches/ { on = 1 } on && /^```/ { exit } on' README.md)
+# The operator's role, as its GRANT recipe (docs/security.md) grants it.
+recipe=$(awk '/^-- operator: watches/ { on = 1 } on && /^```/ { exit } on' docs/security.md)
 psql_cluster -d console -q -c "GRANT USAGE ON SCHEMA outbox TO ops" -c "SET ROLE outbox_owner" -c "$recipe"
 
 "$OUTBOX" console --database-url "postgres://ops@127.0.0.1:$PORT/console" --listen "127.0.0.1:$CONSOLE_PORT" 2>"$DIR/console.log" &
@@ -71,7 +71,7 @@ out=bench/RESULTS-console.md
   echo
   echo "\`bench/console.sh\`, $(date -u +%Y-%m-%d), on $(nproc) cores: $EVENTS retained events over 7 days, one delivery"
   echo "each, $DEAD of them dead (each with a failed attempt in the history); \`outbox console\` as the"
-  echo "operator's role of the README's recipe, against the SQL install. Median of 7 requests, from"
+  echo "operator's role of its GRANT recipe, against the SQL install. Median of 7 requests, from"
   echo "the request to the last byte of the answer. Target: each page ≤ ${TARGET_MS} ms."
   echo
   echo "| page | request | median ms | slowest ms | within target |"

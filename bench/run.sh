@@ -289,4 +289,5 @@ Latency runs from \`clock_timestamp()\` inside the enqueuing transaction (just b
 commit) to nginx's \`\$msec\` when the request arrived (millisecond resolution).
 EOF
 echo "== written to bench/RESULTS.md"
+python3 scripts/readme-figures.py # the figures README.md and docs/performance.md quote, from it
 cat bench/RESULTS.md

@@ -30,7 +30,7 @@ fn a_dump_restored_into_a_fresh_database_keeps_rows_and_never_reuses_an_id() {
     let dump = std::env::temp_dir().join(format!("outbox_ext-dump-{}.custom", std::process::id()));
     let connection = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
     db.execute("DROP DATABASE IF EXISTS outbox_restored");
-    // A copy must not deliver what the original delivers (README, "Several databases").
+    // A copy must not deliver what the original delivers (docs/installation.md, "Copies, dumps and restores").
     db.execute("CREATE DATABASE outbox_restored");
     db.execute("ALTER DATABASE outbox_restored SET outbox.relay = off");
     run(Command::new(format!("{PG_BIN}/pg_dump")).args(connection).args(["-Fc", "-d", "pgrx_tests", "-f"]).arg(&dump));

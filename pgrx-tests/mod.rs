@@ -1,7 +1,7 @@
 //! End-to-end tests against a real cluster with the extension preloaded, two real relay
 //! workers and a real HTTP receiver on 127.0.0.1. Compiled into the crate's own test binary
 //! (`src/lib.rs` names this file) because `cargo pgrx test` boots its cluster from there
-//! (see the README, "Tests").
+//! (see docs/contributing.md, "Tests").
 
 pub mod cluster;
 mod receiver;

@@ -1,6 +1,6 @@
 //! What a hostile or merely unprivileged role can do: nothing it creates runs inside the
-//! workers or the extension's functions, and the GRANT recipes of the README give each role
-//! exactly what it needs.
+//! workers or the extension's functions, and the GRANT recipes of docs/security.md give each
+//! role exactly what it needs.
 
 use std::time::Duration;
 
@@ -133,7 +133,7 @@ fn refused(db: &mut Db, role: &str, sql: &str) {
 fn the_producer_recipe_enqueues_and_can_neither_read_change_nor_forge_rows() {
     let mut db = db();
     db.fresh_role("producer");
-    db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, timestamptz) TO producer"); // the README's recipe
+    db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, timestamptz) TO producer"); // the producer recipe
 
     let id: i64 = db.as_role("producer", "SELECT outbox_enqueue('order.placed', '{\"order_id\": 1}')").unwrap()[0].get(0);
     assert_eq!(db.count(&format!("id = {id} AND topic = 'order.placed'")), 1);
@@ -400,10 +400,13 @@ fn a_pull_endpoint_is_consumed_only_by_the_roles_granted_it() {
     assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_endpoint_consumers"), 0, "a dropped endpoint's grants go with it");
 }
 
-/// The SQL block of README.md that follows `marker`, as written there.
-fn readme_sql_after(marker: &str) -> String {
-    let readme = include_str!("../README.md");
-    let after = &readme[readme.find(marker).unwrap_or_else(|| panic!("README.md has {marker:?}"))..];
+/// The pages that hold the install recipe and the GRANT recipes, which the tests below run.
+const INSTALLATION: &str = include_str!("../docs/installation.md");
+const SECURITY: &str = include_str!("../docs/security.md");
+
+/// The SQL block of a documentation page (its text) that follows `marker`, as written there.
+fn sql_after(page: &str, marker: &str) -> String {
+    let after = &page[page.find(marker).unwrap_or_else(|| panic!("the page has no {marker:?}"))..];
     let start = after.find("```sql\n").expect("a sql block follows") + "```sql\n".len();
     let end = after[start..].find("```").expect("the block ends");
     after[start..start + end].to_string()
@@ -418,7 +421,7 @@ fn the_install_recipe_as_written_calls_no_function_another_role_planted() {
     }
     db.execute("CREATE DATABASE outbox_recipe");
     let mut admin = db.connect("outbox_recipe", "postgres");
-    admin.batch_execute(&readme_sql_after("<!-- the install recipe:")).expect("the install recipe runs as written");
+    admin.batch_execute(&sql_after(INSTALLATION, "<!-- the install recipe:")).expect("the install recipe runs as written");
     admin
         .batch_execute(
             "SELECT outbox.outbox_endpoint_set('mailer', NULL, '{order.*}', kind => 'pull');
@@ -427,7 +430,7 @@ fn the_install_recipe_as_written_calls_no_function_another_role_planted() {
              GRANT CREATE ON SCHEMA public TO planter",
         )
         .unwrap();
-    admin.batch_execute(&readme_sql_after("### GRANT recipes")).expect("the GRANT recipes run as written");
+    admin.batch_execute(&sql_after(SECURITY, "### GRANT recipes")).expect("the GRANT recipes run as written");
     // planter may create in public (as a database's owner may, and on PostgreSQL 14 and older
     // everyone): it plants functions of our names, exact matches for calls whose arguments are
     // text or varchar (as JDBC sends strings), hoping to catch secrets and events.
@@ -448,7 +451,7 @@ fn the_install_recipe_as_written_calls_no_function_another_role_planted() {
         admin.query("SELECT what FROM public.captured ORDER BY what", &[]).unwrap().iter().map(|row| row.get(0)).collect()
     };
 
-    // The calls of the README's examples, by the recipe's roles, with varchar arguments too.
+    // The calls of the documentation's examples, by the recipes' roles, with varchar arguments too.
     let mut producer = db.connect("outbox_recipe", "app_producer");
     let id: i64 = producer
         .query_one("SELECT outbox.outbox_enqueue($1::varchar, '{\"order_id\": 1}')", &[&"order.placed"])

@@ -43,6 +43,10 @@ done
 install -d "$ROOT/usr/share/doc/$NAME"
 install -m 644 LICENSE "$ROOT/usr/share/doc/$NAME/copyright"
 install -m 644 CHANGELOG.md README.md "$ROOT/usr/share/doc/$NAME/"
+install -d "$ROOT/usr/share/doc/$NAME/docs"
+install -m 644 docs/*.md "$ROOT/usr/share/doc/$NAME/docs/" # the pages README.md links to
+install -d "$ROOT/usr/share/doc/$NAME/docs/console"
+install -m 644 docs/console/*.png "$ROOT/usr/share/doc/$NAME/docs/console/" # the pages' screenshots
 install -d "$ROOT/DEBIAN"
 cat > "$ROOT/DEBIAN/control" <<CONTROL
 Package: $NAME

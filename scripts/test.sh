@@ -21,6 +21,10 @@ scripts/setup.sh
 # The code's habits: formatted as rustfmt.toml says, and no clippy warning.
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The docs: every Markdown link and anchor resolves; the quoted figures are bench/RESULTS.md's.
+python3 scripts/check-links.py --self-test
+python3 scripts/check-links.py
+python3 scripts/readme-figures.py --check
 
 # The relay's core (core/, no pgrx) and the outbox binary (cli/): their unit and property tests
 # need no PostgreSQL.

@@ -4,7 +4,7 @@
 -- Privileges: every function below runs as the extension's owner (SECURITY DEFINER) with
 -- search_path pinned to pg_catalog, so a role needs nothing but EXECUTE on a function to use
 -- it, can do nothing through it but what it says, and nothing that role (or anyone) created
--- can run inside it. EXECUTE is granted to nobody by default: see the README's GRANT recipes.
+-- can run inside it. EXECUTE is granted to nobody by default: see the GRANT recipes of docs/security.md.
 
 -- The patterns that match a topic: '*', the topic itself, and 'prefix.*' at each dot
 -- ('order.a.b' gives {*, order.a.b, order.*, order.a.*}). An endpoint is subscribed to an

@@ -52,7 +52,7 @@ AS 'MODULE_PATHNAME', 'outbox_workers_wrapper';
 
 -- Written in Rust: monitoring counters in shared memory, since the server started. Attempts
 -- per relay worker and outcome class (2xx, 4xx, 5xx, other_status, timeout, unreachable);
--- events enqueued by committed transactions. See monitoring/ and the README's "Monitoring".
+-- events enqueued by committed transactions. See monitoring/ and docs/monitoring.md.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_worker_attempts()
 RETURNS TABLE (
     worker integer,

@@ -892,7 +892,7 @@ $$;
 
 -- Records a failed attempt of the current claim: the delivery is due again after retry_in,
 -- or after the relay's backoff when null (exponential in the attempts, with jitter, at most an
--- hour, as src/delivery/backoff.rs computes it), or dead once attempts reached the endpoint's
+-- hour, as core/src/delivery/backoff.rs computes it), or dead once attempts reached the endpoint's
 -- cap (true either way). False, changing nothing, when the attempt is not the current claim.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_nack(endpoint text, event_id bigint, attempt integer, error text, retry_in interval DEFAULT NULL)
 RETURNS boolean

@@ -134,7 +134,7 @@ pub fn register() {
     GucRegistry::define_int_guc(
         c"outbox.lease",
         c"How long a claimed event stays invisible to other claimers.",
-        c"If the worker dies, the event is claimed again once the lease runs out. Keep it above outbox.http_timeout.",
+        c"If the worker dies, the event is claimed again once the lease runs out. A claim's lease is at least the endpoint's request timeout plus 5 s, whatever this says.",
         &LEASE_MS,
         1_000,
         24 * HOUR_MS,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`outbox console` in a real browser: Debian's Chromium driven by Playwright, against a real
-cluster with the outbox installed by `outbox migrate`, the README's GRANT recipes' roles, a real
-`outbox relay` and a receiver on 127.0.0.1.
+cluster with the outbox installed by `outbox migrate`, the roles of the GRANT recipes
+(docs/security.md), a real `outbox relay` and a receiver on 127.0.0.1.
 
     OUTBOX_TEST_URL=postgres://postgres@127.0.0.1:PORT/postgres OUTBOX=target/debug/outbox \\
         python3 cli/tests/browser/console_test.py [NAME...]
@@ -64,11 +64,12 @@ def sql(query, *args, user="postgres"):
         return cursor.fetchall() if cursor.description else None
 
 
-def readme_sql_with(marker):
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    at = readme.index(marker)
-    start = readme.rindex("```sql\n", 0, at) + len("```sql\n")
-    return readme[start:readme.index("```", at)]
+def recipe_sql_with(marker):
+    """The SQL block of docs/security.md (the GRANT recipes) that holds marker, as written."""
+    page = open(os.path.join(ROOT, "docs", "security.md")).read()
+    at = page.index(marker)
+    start = page.rindex("```sql\n", 0, at) + len("```sql\n")
+    return page[start:page.index("```", at)]
 
 
 def free_port():
@@ -162,8 +163,8 @@ def prepare():
         conn.execute("SELECT outbox.outbox_endpoint_drop('default')")
         conn.execute("SELECT outbox.outbox_endpoint_set('billing', %s, '{order.*}', max_attempts => 2)", (receiver.url,))
         conn.execute("SELECT outbox.outbox_endpoint_set('mailer', NULL, '{mail.*}', kind => 'pull')")
-        conn.execute(readme_sql_with("-- producer: enqueues in its own transactions"))
-        conn.execute(readme_sql_with("-- the exporter's role"))
+        conn.execute(recipe_sql_with("-- producer: enqueues in its own transactions"))
+        conn.execute(recipe_sql_with("-- the exporter's role"))
     with psycopg.connect(url("app_producer"), autocommit=True) as conn:
         ids = [conn.execute("SELECT outbox.outbox_enqueue('order.placed', %s, %s)",
                             (json.dumps({"order": n, "note": HOSTILE}), f"customer-{n % 3}")).fetchone()[0] for n in range(6)]
