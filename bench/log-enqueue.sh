@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Log mode's enqueue, before it is built: what each design costs the producer's transaction,
+# against a plain INSERT of the event row and table mode's outbox_enqueue, and how fast a
+# logical slot hands the log back. Written to bench/RESULTS-log-mode.md. See bench/README.md.
+# One cluster on 127.0.0.1 with wal_level = logical and no library loaded, the SQL install by
+# `outbox migrate`; pgbench, 8 clients, one event per transaction, five interleaved rounds of
+# 5 s per design and commit setting, each figure the median of its five.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECONDS_PER_RUN=${BENCH_SECONDS:-5}
+DECODED=${BENCH_DECODED_MESSAGES:-200000}
+scripts/setup.sh
+. scripts/cluster.sh
+. bench/lib.sh
+cargo build --release -q -p outbox
+
+DIR=$(mktemp -d /tmp/outbox-bench-log.XXXXXX)
+chmod 755 "$DIR"
+PORT=15344
+cleanup() { stop_cluster; rm -rf "$DIR"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+start_cluster "$DIR/pg" "$PORT" "shared_preload_libraries = ''" "wal_level = logical" "max_wal_size = '4GB'"
+target/release/outbox migrate --database-url "postgres://postgres@127.0.0.1:$PORT/postgres" 2>/dev/null
+q "SELECT outbox.outbox_endpoint_set('default', 'http://127.0.0.1:9/', '{*}')" >/dev/null
+# The append-only design: one row per event in a table partitioned by day, with no index, no
+# update and no delete: old days are dropped whole. Its id comes from the outbox's sequence.
+q "CREATE TABLE outbox.outbox_log (id bigint NOT NULL, topic text NOT NULL, payload jsonb NOT NULL, key text,
+                                   created_at timestamptz NOT NULL DEFAULT now()) PARTITION BY RANGE (created_at);
+   CREATE TABLE outbox.outbox_log_today PARTITION OF outbox.outbox_log
+          FOR VALUES FROM (date_trunc('day', now()) - interval '1 day') TO (date_trunc('day', now()) + interval '2 days')" >/dev/null
+
+PAYLOAD='{"order_id": 1, "total": 42.5}'
+cat > "$DIR/insert.sql" <<SQL
+INSERT INTO outbox.outbox (topic, payload) VALUES ('order.placed', '$PAYLOAD');
+SQL
+cat > "$DIR/enqueue.sql" <<SQL
+SELECT outbox.outbox_enqueue('order.placed', '$PAYLOAD');
+SQL
+cat > "$DIR/partition.sql" <<SQL
+INSERT INTO outbox.outbox_log (id, topic, payload) VALUES (nextval('outbox.outbox_id_seq'), 'order.placed', '$PAYLOAD');
+SQL
+# A logical message carries the event whole; transactional, so a rollback writes nothing a
+# decoder ever returns. With its id from the outbox's sequence, and without (the message's LSN
+# would be the id).
+cat > "$DIR/message.sql" <<SQL
+SELECT pg_logical_emit_message(true, 'outbox', json_build_object('id', nextval('outbox.outbox_id_seq'), 'topic', 'order.placed', 'payload', '$PAYLOAD'::jsonb)::text);
+SQL
+cat > "$DIR/message_lsn.sql" <<SQL
+SELECT pg_logical_emit_message(true, 'outbox', json_build_object('topic', 'order.placed', 'payload', '$PAYLOAD'::jsonb)::text);
+SQL
+DESIGNS=(insert enqueue partition message message_lsn)
+
+empty_tables() { q "TRUNCATE outbox.outbox, outbox.outbox_deliveries, outbox.outbox_attempts, outbox.outbox_log; CHECKPOINT" >/dev/null; }
+declare -A runs=()
+measure() { # measure DESIGN SYNCHRONOUS_COMMIT
+  empty_tables
+  runs[$1-$2]+=" $(PGOPTIONS="-c synchronous_commit=$2" pgbench_tps -c8 -j2 -T"$SECONDS_PER_RUN" -f "$DIR/$1.sql")"
+}
+median5() { printf '%s\n' "$@" | sort -n | sed -n 3p; }
+
+pgbench_tps -c8 -j2 -T5 -f "$DIR/insert.sql" >/dev/null # warm-up: the new cluster's first WAL segments
+for round in 1 2 3 4 5; do
+  echo "bench: round $round of 5"
+  for commit in off on; do
+    for design in "${DESIGNS[@]}"; do measure "$design" "$commit"; done
+  done
+done
+
+echo "bench: $DECODED messages for a logical slot to read back"
+empty_tables
+q "CREATE PUBLICATION outbox_bench_messages" >/dev/null
+q "SELECT pg_create_logical_replication_slot('outbox_bench', 'pgoutput')" >/dev/null
+PGOPTIONS="-c synchronous_commit=off" pgbench_tps -c8 -j2 -t$((DECODED / 8)) -f "$DIR/message.sql" >/dev/null
+t0=$(now)
+decoded=$(q "SELECT count(*) FROM pg_logical_slot_get_binary_changes('outbox_bench', NULL, NULL,
+               'proto_version', '1', 'publication_names', 'outbox_bench_messages', 'messages', 'true')
+             WHERE substr(data, 1, 1) = 'M'")
+t1=$(now)
+decode_rate=$(rate "$decoded" "$(elapsed "$t0" "$t1")")
+q "SELECT pg_drop_replication_slot('outbox_bench')" >/dev/null
+
+out=bench/RESULTS-log-mode.md
+row() { # row LABEL DESIGN
+  local off on
+  off=$(median5 ${runs[$2-off]}) on=$(median5 ${runs[$2-on]})
+  printf '| %s | %s | %s | %s | %s |\n' "$1" "$off" "$(percent "$off" "$insert_off")" "$on" "$(percent "$on" "$insert_on")"
+}
+insert_off=$(median5 ${runs[insert-off]}) insert_on=$(median5 ${runs[insert-on]})
+{
+  echo "# Log mode: what an enqueue costs, by design"
+  echo
+  echo "\`bench/log-enqueue.sh\`, $(date -u +%Y-%m-%d), on $(nproc) cores, PostgreSQL $(q "SHOW server_version" | cut -d' ' -f1) with"
+  echo "\`wal_level = logical\`: pgbench, 8 clients, one event per transaction, workers none (the"
+  echo "SQL install, no relay). Five interleaved rounds of ${SECONDS_PER_RUN} s per design and setting; each figure is the"
+  echo "median of its five, in events per second, and the ratio is to the plain INSERT at the same"
+  echo "\`synchronous_commit\`."
+  echo
+  echo "| design | commit off (CPU-bound) | of INSERT | commit on | of INSERT |"
+  echo "|---|---|---|---|---|"
+  row "plain INSERT of the event row into \`outbox\` (the baseline)" insert
+  row "\`outbox_enqueue\`, table mode, one endpoint" enqueue
+  row "append-only: INSERT into a day partition, no index, id from the sequence" partition
+  row "logical message with the event, id from the sequence" message
+  row "logical message with the event, its LSN as the id" message_lsn
+  echo
+  echo "A logical slot (pgoutput, messages on) read back $decoded messages at $decode_rate messages/s"
+  echo "(\`pg_logical_slot_get_binary_changes\`, one call)."
+  echo
+  echo "Rounds (events/s):"
+  echo
+  for commit in off on; do
+    for design in "${DESIGNS[@]}"; do echo "- $design, commit $commit:${runs[$design-$commit]}"; done
+  done
+} > "$out"
+cat "$out"
