@@ -97,6 +97,19 @@ fn a_bulk_skip_unblocks_each_key_whose_head_is_dead_and_counts_them_first() {
     assert_eq!(db.value::<i64>("SELECT outbox_skip_dead(error => 'schema', dry_run => false)"), 1);
     let claimed: Vec<i64> = db.column("SELECT event_id FROM outbox_claim('jobs', 100)");
     assert_eq!(claimed, vec![a2], "key a goes on; b is still blocked");
+    let skipped: Vec<(i64, bool)> = db
+        .client
+        .query("SELECT event_id, skipped FROM outbox_dead(endpoint => 'jobs') ORDER BY event_id", &[])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(skipped, vec![(a1, true), (b1, false)], "outbox_dead tells a skipped delivery from a blocking one");
+    assert_eq!(
+        db.value::<i64>("SELECT outbox_requeue_dead(endpoint => 'jobs')"),
+        1,
+        "a bulk requeue leaves a1 dead: sent now, it would follow a2 out of order"
+    );
     assert_eq!(db.value::<i64>("SELECT outbox_skip_dead(dry_run => false)"), 1, "b1, and a1 no more");
     let claimed: Vec<i64> = db.column("SELECT event_id FROM outbox_claim('jobs', 100)");
     assert_eq!(claimed, vec![b2]);

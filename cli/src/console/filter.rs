@@ -8,6 +8,7 @@ use outbox_core::statements::qualify;
 
 const FILTER: &str = include_str!("sql/filter.sql");
 const BOUNDS: &str = include_str!("sql/bounds.sql");
+const WITHIN_BOUNDS: &str = include_str!("sql/within_bounds.sql");
 
 /// The states a delivery is listed by.
 pub const STATES: [&str; 4] = ["pending", "waiting", "dead", "sent"];
@@ -16,7 +17,15 @@ pub const STATES: [&str; 4] = ["pending", "waiting", "dead", "sent"];
 /// bounds (sql/bounds.sql) in place of its `--@include bounds.sql` line, naming the outbox's
 /// objects by `schema`.
 pub fn with_filter(sql: &str, schema: &str) -> String {
-    qualify(&sql.replace("--@include bounds.sql", BOUNDS).replace("--@include filter.sql", FILTER), schema)
+    let filter = FILTER.replace("--@include within_bounds.sql", WITHIN_BOUNDS);
+    qualify(&sql.replace("--@include bounds.sql", BOUNDS).replace("--@include filter.sql", &filter), schema)
+}
+
+/// The planner's guess at how many deliveries a filter matches (EXPLAIN, no row read): the
+/// filter without its bounds, which change no row it matches but hide their values from the
+/// planner.
+pub fn estimate(schema: &str) -> String {
+    qualify(&format!("EXPLAIN SELECT\n{}", FILTER.replace("--@include within_bounds.sql", "")), schema)
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

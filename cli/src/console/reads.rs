@@ -4,7 +4,7 @@
 use postgres::types::{ToSql, Type};
 use postgres::Client;
 
-use super::filter::{with_filter, Filter};
+use super::filter::{self, with_filter, Filter};
 use outbox_core::statements::qualify;
 
 /// How long a page's statement may run: pages answer in milliseconds, so a statement this
@@ -59,8 +59,7 @@ impl Reads {
             event: qualify(include_str!("sql/event.sql"), schema),
             events: with_filter(include_str!("sql/events.sql"), schema),
             count: with_filter(include_str!("sql/count.sql"), schema),
-            // The planner's guess at how many deliveries match: no row is read.
-            estimate: with_filter("EXPLAIN WITH\n--@include bounds.sql\nSELECT\n--@include filter.sql", schema),
+            estimate: filter::estimate(schema),
         }
     }
 
