@@ -2,7 +2,7 @@
 //! `Target` once (again only when the row or a setting it depends on changes), and how many
 //! of each endpoint's deliveries the next claim may take.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -137,7 +137,8 @@ impl Endpoints {
         let (requests, bytes) = budget_left(sender, settings);
         let mut claims: Vec<Claim> = if requests > 0 && bytes > 0 { self.claims(sender, settings).collect() } else { Vec::new() };
         let wanted: Vec<usize> = claims.iter().map(|claim| claim.limit).collect();
-        let given = share_requests(&wanted, requests, self.first_served);
+        let idle: Vec<bool> = claims.iter().map(|claim| sender.in_flight_to(&claim.endpoint) == 0).collect();
+        let given = share_requests(&wanted, &idle, requests, self.reserve(&claims, sender, settings), self.first_served);
         self.first_served = self.first_served.wrapping_add(1);
         let cut_short = given != wanted;
         for (claim, limit) in claims.iter_mut().zip(given) {
@@ -175,6 +176,15 @@ impl Endpoints {
     fn slots(&self, name: &str, sender: &Sender, settings: &Settings) -> usize {
         let share = (settings.max_requests_in_flight / (sender.busy_endpoints() + 1)).max(1);
         self.known[name].max_in_flight.min(share)
+    }
+
+    /// Requests kept back for the enabled endpoints not in `claims` that have nothing in
+    /// flight, one each, so that a claim for endpoints that hang leaves one for each of them.
+    /// At most half the budget, so that many idle endpoints do not starve a busy one.
+    fn reserve(&self, claims: &[Claim], sender: &Sender, settings: &Settings) -> usize {
+        let claiming: HashSet<&str> = claims.iter().map(|claim| &*claim.endpoint).collect();
+        let idle = self.active.iter().filter(|name| sender.in_flight_to(name) == 0 && !claiming.contains(&***name)).count();
+        idle.min(settings.max_requests_in_flight / 2)
     }
 
     fn free_slots(&self, name: &str, sender: &Sender, settings: &Settings) -> usize {
