@@ -10,8 +10,13 @@ use std::time::{Duration, Instant, SystemTime};
 /// Room for the launcher, the logical replication launcher and two relay workers in each of
 /// the four databases databases::every_database… serves at once; prepared transactions on,
 /// so that the test can show which ones the extension refuses.
-pub const POSTGRESQL_CONF: &[&str] =
-    &["shared_preload_libraries = 'outbox_ext'", "outbox.workers = 2", "max_worker_processes = 16", "max_prepared_transactions = 2"];
+pub const POSTGRESQL_CONF: &[&str] = &[
+    "shared_preload_libraries = 'outbox_ext'",
+    "outbox.workers = 2",
+    "max_worker_processes = 16",
+    "max_prepared_transactions = 2",
+    "wal_level = logical",
+];
 
 /// The settings tests change; each test starts with them at their defaults.
 const CHANGED_SETTINGS: &[&str] = &[

@@ -17,6 +17,7 @@ mod dump_restore;
 mod endpoints;
 mod enqueue;
 mod hostile;
+mod log;
 mod ordering;
 mod pull;
 mod retention;

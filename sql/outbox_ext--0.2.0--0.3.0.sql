@@ -1274,3 +1274,374 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_dead_matching(text, text, text, timest
 REVOKE ALL ON FUNCTION @extschema@.outbox_dead(text, text, text, timestamptz, timestamptz, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_requeue_dead(text, text, text, timestamptz, timestamptz, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_skip_dead(text, text, text, timestamptz, timestamptz, boolean) FROM PUBLIC;
+
+-- Log mode: the append-only log, its slot and the relay's functions on it.
+-- Log mode (docs/log-mode.md): an enqueue writes one row into outbox_log, an append-only table
+-- whose rows are never updated and whose hourly partitions are dropped whole, and the relay
+-- reads the events back from a logical replication slot in commit order. A delivery the
+-- receiver acknowledges writes nothing more; one that fails, or that only the table path can
+-- make (a pull endpoint, an ordered key, a disabled endpoint), is copied into outbox and
+-- outbox_deliveries and goes on from there as in table mode.
+
+-- One row: whether this database is in log mode, the slot the relay reads, and how far the
+-- relay has confirmed it. recover_from is the oldest transaction that may have committed after
+-- the confirmed position (the xmin of a snapshot taken before it was read): were the slot lost,
+-- the events of every transaction from it on are delivered again from outbox_log.
+-- reader_fence and reader_until are the lease of the one relay that reads the slot.
+CREATE TABLE @extschema@.outbox_log_state (
+    one           boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    enabled       boolean     NOT NULL DEFAULT false,
+    slot          name        NOT NULL,
+    publication   name        NOT NULL DEFAULT 'outbox_log',
+    confirmed_lsn pg_lsn,
+    recover_from  xid8,
+    reader_fence  bigint      NOT NULL DEFAULT 0,
+    reader_until  timestamptz
+);
+
+COMMENT ON TABLE @extschema@.outbox_log_state IS 'Log mode: whether it is on (outbox_set_mode()), the slot the relay reads, its confirmed position and the reader''s lease.';
+
+-- A slot's name is unique in the cluster: one per database.
+INSERT INTO @extschema@.outbox_log_state (slot)
+SELECT 'outbox_log_' OPERATOR(pg_catalog.||) d.oid FROM pg_catalog.pg_database AS d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database();
+
+-- The events of log mode. Column names and meanings as outbox's, so that Debezium's outbox
+-- event router reads them (docs/log-mode.md#debezium): id, topic (its aggregate type and
+-- type), key (its aggregate id), payload. xact is the inserting transaction, by which events
+-- are found again when the slot is lost. No index: nothing reads a row by its key.
+CREATE TABLE @extschema@.outbox_log (
+    id         bigint      NOT NULL,
+    topic      text        NOT NULL,
+    payload    jsonb       NOT NULL,
+    key        text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    xact       xid8        NOT NULL DEFAULT pg_current_xact_id()
+) PARTITION BY RANGE (created_at);
+
+COMMENT ON TABLE @extschema@.outbox_log IS 'Events enqueued in log mode, append-only, in hourly partitions the relay drops once it has read them.';
+
+-- Rows of an hour no partition was made for yet (the relay makes them ahead): never lost.
+CREATE TABLE @extschema@.outbox_log_default PARTITION OF @extschema@.outbox_log DEFAULT;
+
+-- Makes the partitions of the next hours and drops those of hours past whose every event the
+-- relay has confirmed (no row of a transaction from recover_from on); empties the default
+-- partition the same way. Run by the relay with its retention and by outbox_set_mode. Returns
+-- how many partitions it made or dropped. A partition another session holds is left for the
+-- next run (lock_timeout), so that an enqueue never waits behind this for long.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_maintain()
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    log regclass := '@extschema@.outbox_log'::regclass;
+    schema text := (SELECT c.relnamespace::regnamespace::text FROM pg_class AS c WHERE c.oid = log);
+    hour timestamptz := date_trunc('hour', now());
+    recover xid8 := (SELECT s.recover_from FROM @extschema@.outbox_log_state AS s);
+    part record;
+    changed integer := 0;
+    name text;
+BEGIN
+    FOR ahead IN 0..5 LOOP
+        name := 'outbox_log_' || to_char(hour + ahead * interval '1 hour', 'YYYYMMDD"h"HH24');
+        CONTINUE WHEN to_regclass(format('%s.%I', schema, name)) IS NOT NULL;
+        BEGIN
+            EXECUTE format('CREATE TABLE %s.%I PARTITION OF %s FOR VALUES FROM (%L) TO (%L)',
+                           schema, name, log, hour + ahead * interval '1 hour', hour + (ahead + 1) * interval '1 hour');
+            changed := changed + 1;
+        EXCEPTION WHEN lock_not_available OR check_violation THEN
+            -- Locked now, or rows of that hour already went to the default partition.
+            NULL;
+        END;
+    END LOOP;
+    IF recover IS NULL THEN
+        RETURN changed;
+    END IF;
+    FOR part IN
+        SELECT c.oid::regclass AS partition, pg_get_expr(c.relpartbound, c.oid) AS bound
+          FROM pg_inherits AS i
+          JOIN pg_class AS c ON c.oid = i.inhrelid
+         WHERE i.inhparent = log
+    LOOP
+        IF part.bound = 'DEFAULT' THEN
+            DELETE FROM @extschema@.outbox_log_default AS l WHERE l.xact < recover;
+        ELSIF substring(part.bound FROM 'TO \(''([^'']*)''\)')::timestamptz <= hour THEN
+            CONTINUE WHEN EXISTS (SELECT FROM @extschema@.outbox_log AS l
+                                   WHERE l.tableoid = part.partition AND l.xact >= recover);
+            BEGIN
+                EXECUTE format('DROP TABLE %s', part.partition);
+                changed := changed + 1;
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
+    RETURN changed;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_maintain() FROM PUBLIC;
+
+-- Puts this database in log mode ('log') or back in table mode ('table'), for the enqueues that
+-- begin after this commits; returns the mode. Log mode needs wal_level = logical; it makes the
+-- publication the slot is read through and the first partitions, and marks where the relay
+-- starts: every event from here on, delivered from the slot once the relay has made it, and
+-- from outbox_log before that. Back in table mode, the relay still delivers what the log holds.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_set_mode(mode text)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state @extschema@.outbox_log_state;
+BEGIN
+    IF mode IS NULL OR mode NOT IN ('table', 'log') THEN
+        RAISE EXCEPTION 'outbox_set_mode: the mode is table or log, not %', coalesce(quote_literal(mode), 'null')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO state FROM @extschema@.outbox_log_state FOR UPDATE;
+    IF mode = 'log' AND current_setting('wal_level') <> 'logical' THEN
+        RAISE EXCEPTION 'outbox_set_mode: log mode needs wal_level = logical, and it is %', current_setting('wal_level')
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Set wal_level = logical and restart the server (on Amazon RDS: rds.logical_replication = 1; on Cloud SQL: cloudsql.logical_decoding = on).';
+    END IF;
+    IF mode = 'log' AND NOT EXISTS (SELECT FROM pg_publication AS p WHERE p.pubname = state.publication) THEN
+        EXECUTE format('CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert'', publish_via_partition_root = true)',
+                       state.publication, '@extschema@.outbox_log'::regclass);
+    END IF;
+    IF mode = 'log' THEN
+        PERFORM @extschema@.outbox_log_maintain();
+    END IF;
+    UPDATE @extschema@.outbox_log_state AS s
+       SET enabled = (mode = 'log'),
+           recover_from = CASE WHEN mode = 'log' AND NOT s.enabled AND s.confirmed_lsn IS NULL
+                               THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE s.recover_from END;
+    RETURN mode;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_set_mode(text) FROM PUBLIC;
+
+-- The relay's lease on reading the slot: one relay reads it at a time, so no two deliver the
+-- same event. fence is the lease this relay holds (0: none); the lease is renewed when it
+-- still holds it, taken (with a new fence) when the holder's ran out. Returns nothing while
+-- another relay holds it or before log mode was ever on; else the fence, the slot, the
+-- publication, and the slot's state: ready, missing (dropped, or a standby promoted) or lost
+-- (invalidated by max_slot_wal_keep_size).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_lease(fence bigint, lease_ms double precision)
+RETURNS TABLE (reader_fence bigint, slot_state text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- Fences start at 1: 0 holds nothing.
+    held boolean := fence <> 0 AND fence = (SELECT s.reader_fence FROM @extschema@.outbox_log_state AS s);
+BEGIN
+    RETURN QUERY
+    WITH leased AS (
+        UPDATE @extschema@.outbox_log_state AS s
+           SET reader_fence = CASE WHEN held THEN s.reader_fence ELSE s.reader_fence + 1 END,
+               reader_until = clock_timestamp() + lease_ms * interval '1 millisecond'
+         WHERE (s.enabled OR s.recover_from IS NOT NULL)
+           AND (held OR s.reader_until IS NULL OR s.reader_until < clock_timestamp())
+        RETURNING s.reader_fence, s.slot)
+    SELECT l.reader_fence,
+           coalesce((SELECT CASE WHEN r.wal_status = 'lost' THEN 'lost' ELSE 'ready' END
+                       FROM pg_replication_slots AS r WHERE r.slot_name = l.slot), 'missing')
+      FROM leased AS l;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_lease(bigint, double precision) FROM PUBLIC;
+
+-- Copies events read from the log into the table path: one delivery per (event, endpoint),
+-- with its attempts so far, the error of the last, and when it is due. Each array has one
+-- element per delivery; the event columns repeat for each of its endpoints. A copy already
+-- made (the same event and endpoint) is left as it is, so a batch read twice copies once.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_defer(
+    ids bigint[], topics text[], payloads text[], keys text[], created text[],
+    endpoints text[], attempts integer[], errors text[], due_in_ms double precision[])
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    made bigint;
+BEGIN
+    INSERT INTO @extschema@.outbox AS o (id, topic, payload, key, created_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT DISTINCT ON (t.id) t.id, t.topic, t.payload::jsonb, t.key, t.created::timestamptz
+      FROM unnest(ids, topics, payloads, keys, created) AS t (id, topic, payload, key, created)
+    ON CONFLICT (id) DO NOTHING;
+    WITH copied AS (
+        INSERT INTO @extschema@.outbox_deliveries AS d (event_id, endpoint, available_at, attempts, fence, last_error, key, waiting)
+        SELECT t.id, t.endpoint, now() + t.due_in_ms * interval '1 millisecond', t.attempts, t.attempts, t.error,
+               CASE WHEN e.ordered THEN t.key END, e.ordered AND t.key IS NOT NULL
+          FROM unnest(ids, keys, endpoints, attempts, errors, due_in_ms) AS t (id, key, endpoint, attempts, error, due_in_ms)
+          JOIN @extschema@.outbox_endpoints AS e ON e.name = t.endpoint
+        ON CONFLICT (event_id, endpoint) DO NOTHING
+        RETURNING d.endpoint, d.key, d.waiting),
+    -- The sequencer gives each ordered key its head, as after an enqueue (note_key_arrivals.sql).
+    arrivals AS (
+        INSERT INTO @extschema@.outbox_key_arrivals (endpoint, key)
+        SELECT c.endpoint, c.key FROM copied AS c WHERE c.waiting)
+    SELECT count(*) INTO made FROM copied AS c;
+    RETURN made;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_defer(bigint[], text[], text[], text[], text[], text[], integer[], text[], double precision[]) FROM PUBLIC;
+
+-- After the slot was lost (dropped, invalidated, or not on a promoted standby) and made again:
+-- every event of a transaction from recover_from on goes to the table path, due now, for each
+-- endpoint it is routed to. Some were delivered already, and are delivered again (consumers
+-- deduplicate by id); none is missed. Returns how many deliveries it made.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_recover(fence bigint)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    recover xid8;
+    made bigint;
+BEGIN
+    SELECT s.recover_from INTO recover FROM @extschema@.outbox_log_state AS s WHERE s.reader_fence = fence FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'outbox_log_recover: another relay reads the log now' USING ERRCODE = 'lock_not_available';
+    END IF;
+    SELECT @extschema@.outbox_log_defer(array_agg(l.id), array_agg(l.topic), array_agg(l.payload::text), array_agg(l.key),
+                                        array_agg(l.created_at::text), array_agg(r.name), array_agg(0), array_agg(NULL::text),
+                                        array_agg(0::double precision))
+      INTO made
+      FROM @extschema@.outbox_log AS l
+      JOIN @extschema@.outbox_endpoints AS r ON r.topics OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(l.topic)
+     WHERE l.xact >= coalesce(recover, '0'::xid8);
+    -- From here on, the new slot holds whatever is not delivered.
+    UPDATE @extschema@.outbox_log_state SET confirmed_lsn = NULL, recover_from = pg_snapshot_xmin(pg_current_snapshot());
+    RETURN coalesce(made, 0);
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_recover(bigint) FROM PUBLIC;
+
+-- The relay confirms that every delivery of the events up to reached (a WAL position as a
+-- number) is acknowledged or copied into the table path: the slot may let go of them, and a
+-- lost slot is recovered from the transactions from oldest on (the oldest running when a read
+-- began whose position was at most reached). Only the relay that holds the lease (fence) confirms; false for
+-- any other.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_confirm(fence bigint, reached bigint, oldest bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    slot name;
+    position pg_lsn := '0/0'::pg_lsn + reached::numeric;
+BEGIN
+    UPDATE @extschema@.outbox_log_state AS s
+       SET confirmed_lsn = position, recover_from = greatest(s.recover_from, oldest::text::xid8)
+     WHERE s.reader_fence = outbox_log_confirm.fence
+    RETURNING s.slot INTO slot;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_replication_slot_advance(slot, position);
+    RETURN true;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_confirm(bigint, bigint, bigint) FROM PUBLIC;
+
+-- Makes the slot again when it is missing, or lost (dropped first): run in autocommit, since a
+-- slot cannot be made in a transaction that wrote. Returns whether it made one; the relay then
+-- runs outbox_log_recover.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_make_slot(fence bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state @extschema@.outbox_log_state;
+    status text;
+BEGIN
+    SELECT * INTO state FROM @extschema@.outbox_log_state AS s WHERE s.reader_fence = fence;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    SELECT r.wal_status INTO status FROM pg_replication_slots AS r WHERE r.slot_name = state.slot;
+    IF FOUND AND status <> 'lost' THEN
+        RETURN false;
+    END IF;
+    IF FOUND THEN
+        PERFORM pg_drop_replication_slot(state.slot);
+    END IF;
+    PERFORM pg_create_logical_replication_slot(state.slot, 'pgoutput');
+    RETURN true;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_make_slot(bigint) FROM PUBLIC;
+
+-- Up to about max_changes changes from the slot, from its confirmed position on, without
+-- consuming them (outbox_log_confirm does, once they are delivered): pgoutput messages (begin,
+-- relation, insert, commit) of whole transactions, each with its position. Every row also
+-- carries read_from: the oldest transaction running when this read began, and the WAL
+-- position then (both as numbers), which outbox_log_confirm takes as xmin for a position at
+-- or past it. Only the relay that holds the lease reads; any other gets no rows.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read(fence bigint, max_changes integer)
+RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state @extschema@.outbox_log_state;
+    oldest bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+    position bigint := (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint;
+BEGIN
+    SELECT * INTO state FROM @extschema@.outbox_log_state AS s WHERE s.reader_fence = fence;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, oldest, position
+      FROM pg_logical_slot_peek_binary_changes(state.slot, NULL, max_changes,
+                                               'proto_version', '1', 'publication_names', state.publication) AS c;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_read(bigint, integer) FROM PUBLIC;
+
+-- Where the events just read go: one row per (event, endpoint), the event by its place in the
+-- arrays (from 1). direct: the relay sends it now (an enabled webhook endpoint, and the event
+-- has no key or the endpoint keeps no order); else it is copied into the table path at once,
+-- where pull consumers claim it, an ordered key keeps its order and a disabled endpoint keeps
+-- it. body is the delivery's body for a direct one, as a claim builds it (sql/claim.sql).
+-- PL/pgSQL, so that it may name outbox_topic_patterns, which sql/api.sql makes later.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_route(topics text[], keys text[], payloads text[], created text[])
+RETURNS TABLE (event integer, endpoint text, direct boolean, body text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT t.event::integer, e.name, d.direct,
+           CASE WHEN d.direct THEN json_build_object('type', t.topic, 'timestamp', t.created::timestamptz, 'data', t.payload::jsonb)::text END
+      FROM unnest(topics, keys, payloads, created) WITH ORDINALITY AS t (topic, key, payload, created, event)
+      JOIN @extschema@.outbox_endpoints AS e ON e.topics && @extschema@.outbox_topic_patterns(t.topic)
+     CROSS JOIN LATERAL (SELECT e.kind = 'webhook' AND e.disabled_at IS NULL AND NOT (e.ordered AND t.key IS NOT NULL) AS direct) AS d
+     ORDER BY t.event, e.name;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_route(text[], text[], text[], text[]) FROM PUBLIC;

@@ -86,6 +86,20 @@ BEGIN
         END;
     END IF;
 
+    -- Log mode (sql/log.sql): the event alone, into the append-only log; the relay routes it
+    -- when it reads it back from the slot. An event scheduled with deliver_at takes the table
+    -- path, which keeps it until it is due.
+    IF outbox_enqueue.deliver_at IS NULL AND (SELECT s.enabled FROM @extschema@.outbox_log_state AS s) THEN
+        INSERT INTO @extschema@.outbox_log (id, topic, payload, key)
+        VALUES (pg_catalog.nextval('@extschema@.outbox_id_seq'), outbox_enqueue.topic, outbox_enqueue.payload, outbox_enqueue.key)
+        RETURNING id, EXISTS (SELECT FROM @extschema@.outbox_relays AS r WHERE r.listening)
+        INTO new_event, relay_listens;
+        IF relay_listens THEN
+            PERFORM pg_catalog.pg_notify('outbox_enqueued', '');
+        END IF;
+        RETURN new_event;
+    END IF;
+
     -- The event, and in the same statement what decides the work that follows: a plan node
     -- that reads a tiny table costs less than a statement.
     INSERT INTO @extschema@.outbox (topic, payload, key)

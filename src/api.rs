@@ -158,6 +158,9 @@ struct EnqueueStatements {
     /// scan.
     outbox: pg_sys::Oid,
     namespace: pg_sys::Oid,
+    /// outbox_log_state's, or InvalidOid in a schema from before log mode (0.2.0, until ALTER
+    /// EXTENSION UPDATE): they are prepared again once it has log mode.
+    log_state: pg_sys::Oid,
     insert_event: OwnedPreparedStatement,
     route: OwnedPreparedStatement,
     note_unrouted: OwnedPreparedStatement,
@@ -185,25 +188,39 @@ impl EnqueueStatements {
             pg_sys::TIMESTAMPTZOID.into(),
             pg_sys::TEXTARRAYOID.into(),
         );
+        // SAFETY: system cache look-ups by name, inside the caller's transaction.
+        let (outbox, log_state) = unsafe {
+            (
+                pg_sys::get_relname_relid(c"outbox".as_ptr(), installation.namespace),
+                pg_sys::get_relname_relid(c"outbox_log_state".as_ptr(), installation.namespace),
+            )
+        };
+        let insert_event = if log_state == pg_sys::InvalidOid { ENQUEUE_BEFORE_LOG_MODE } else { include_str!("../sql/enqueue.sql") };
         EnqueueStatements {
-            insert_event: prepare(include_str!("../sql/enqueue.sql"), &[text, jsonb, text]),
+            insert_event: prepare(insert_event, &[text, jsonb, text, timestamptz]),
             route: prepare(include_str!("../sql/route.sql"), &[bigint, text, text, timestamptz]),
             note_unrouted: prepare(include_str!("../sql/note_unrouted.sql"), &[bigint]),
             note_key_arrivals: prepare(include_str!("../sql/note_key_arrivals.sql"), &[text_array, text]),
             notify_endpoints: prepare(include_str!("../sql/notify_endpoints.sql"), &[text_array]),
             hold_routed_endpoints: prepare(include_str!("../sql/hold_routed_endpoints.sql"), &[text_array]),
-            // SAFETY: a system cache look-up by name, inside the caller's transaction.
-            outbox: unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), installation.namespace) },
+            outbox,
             namespace: installation.namespace,
+            log_state,
         }
     }
 
     fn are_current(&self) -> bool {
-        // SAFETY: a system cache look-up by OID, inside the caller's transaction; an OID
-        // that names no relation gives InvalidOid.
-        self.outbox != pg_sys::InvalidOid && unsafe { pg_sys::get_rel_namespace(self.outbox) } == self.namespace
+        // SAFETY: system cache look-ups, inside the caller's transaction; an OID that names
+        // no relation gives InvalidOid.
+        self.outbox != pg_sys::InvalidOid
+            && unsafe { pg_sys::get_rel_namespace(self.outbox) } == self.namespace
+            && (self.log_state != pg_sys::InvalidOid
+                || unsafe { pg_sys::get_relname_relid(c"outbox_log_state".as_ptr(), self.namespace) } == pg_sys::InvalidOid)
     }
 }
+
+/// sql/enqueue.sql for a schema from before log mode: the event into outbox, never the log.
+const ENQUEUE_BEFORE_LOG_MODE: &str = "INSERT INTO @extschema@.outbox (topic, payload, key) VALUES ($1, $2, $3) RETURNING id, false";
 
 thread_local! {
     static ENQUEUE: std::cell::RefCell<Option<EnqueueStatements>> = const { std::cell::RefCell::new(None) };
@@ -223,11 +240,18 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
                 *cached = Some(EnqueueStatements::prepare(client));
             }
             let statements = cached.as_ref().expect("prepared above");
-            let id = client
-                .update(&statements.insert_event, None, &[topic.into(), payload.into(), key.into()])
-                .and_then(|rows| rows.first().get::<i64>(1))
+            let inserted = client
+                .update(&statements.insert_event, None, &[topic.into(), payload.into(), key.into(), deliver_at.into()])
+                .unwrap_or_else(|e| fail("insert failed", e));
+            let row = inserted.first();
+            let id = row
+                .get::<i64>(1)
                 .unwrap_or_else(|e| fail("insert failed", e))
                 .unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"));
+            if row.get::<bool>(2).unwrap_or_else(|e| fail("insert failed", e)) == Some(true) {
+                // Log mode: the relay routes the event when it reads it from the slot.
+                return id;
+            }
             let routed = client
                 .update(&statements.route, None, &[id.into(), topic.into(), key.into(), deliver_at.into()])
                 .unwrap_or_else(|e| fail("routing failed", e));

@@ -49,7 +49,8 @@ extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["endpoints"]
 extension_sql_file!("../sql/pull.sql", name = "pull", requires = ["claim"]);
 extension_sql_file!("../sql/relays.sql", name = "relays", requires = ["pull"]);
 extension_sql_file!("../sql/dead.sql", name = "dead", requires = ["relays"]);
-extension_sql_file!("../sql/library.sql", name = "library", requires = ["dead"]);
+extension_sql_file!("../sql/log.sql", name = "log", requires = ["dead"]);
+extension_sql_file!("../sql/library.sql", name = "library", requires = ["log"]);
 extension_sql_file!("../sql/api.sql", finalize);
 
 #[pg_guard]

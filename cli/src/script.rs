@@ -6,7 +6,7 @@
 
 /// The install script of the version this binary is: the files `src/lib.rs` declares, in its
 /// order, then the SQL forms of the library's functions.
-const INSTALL: [&str; 11] = [
+const INSTALL: [&str; 12] = [
     include_str!("../../sql/schema.sql"),
     include_str!("../../sql/deliveries.sql"),
     include_str!("../../sql/attempts.sql"),
@@ -17,6 +17,7 @@ const INSTALL: [&str; 11] = [
     include_str!("../../sql/pull.sql"),
     include_str!("../../sql/relays.sql"),
     include_str!("../../sql/dead.sql"),
+    include_str!("../../sql/log.sql"),
     include_str!("../../sql/api.sql"),
 ];
 

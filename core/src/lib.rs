@@ -16,6 +16,7 @@
 
 pub mod delivery;
 pub mod endpoints;
+pub mod log;
 pub mod queue;
 pub mod relay;
 pub mod settings;

@@ -33,3 +33,6 @@ DROP SEQUENCE @extschema@.outbox_endpoints_version;
 
 -- Dead deliveries listed, requeued and skipped by a filter, with a dry-run count first.
 --@include dead.sql
+
+-- Log mode: the append-only log, its slot and the relay's functions on it.
+--@include log.sql

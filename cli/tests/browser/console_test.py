@@ -332,12 +332,14 @@ def test_counts_are_exact_up_to_ten_thousand_and_marked_as_an_estimate_beyond(ct
               f"beyond 10,000: a bound and the planner's estimate, not {counted}")
         check(console.request("api/count/exact?endpoint=archive")[1] == {"count": 10050, "more": False}, "the exact count is exact")
         check(console.request("api/count?endpoint=billing")[1]["more"] is False, "below the cap the count is exact")
+        newest = sql("SELECT max(event_id) FROM outbox.outbox_deliveries WHERE endpoint = 'archive'")[0][0]
         page.goto(console.base + "#/events?endpoint=archive")
         page.wait_for_selector("#count:has-text('the planner')")
+        page.wait_for_selector(f"#events tbody tr[data-event='{newest}']")
         page.locator("#next").click()
-        page.wait_for_selector("#events tbody tr")
+        # The first page's rows stay until the second's replace them.
+        page.locator(f"#events tbody tr[data-event='{newest}']").wait_for(state="detached")
         first = int(page.locator("#events tbody tr").first.get_attribute("data-event"))
-        newest = sql("SELECT max(event_id) FROM outbox.outbox_deliveries WHERE endpoint = 'archive'")[0][0]
         check(first == newest - 50, f"the second page starts after the first 50 ({first}, newest {newest})")
     finally:
         sql("SELECT outbox.outbox_endpoint_drop('archive')")

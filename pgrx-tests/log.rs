@@ -1,0 +1,190 @@
+//! Log mode's database side (sql/log.sql): what an enqueue writes, what the slot carries
+//! (read as Debezium's connector reads it: pgoutput over the publication), the reader's lease,
+//! the copy into the table path, and recovery from a lost slot.
+
+use std::time::Duration;
+
+use outbox_core::log::{read_events, LogRead};
+
+use super::cluster::{db, Db};
+use super::receiver::{Receiver, Reply};
+
+/// Takes the reader's lease as a new relay would (fence 0); its fence and the slot's state.
+fn lease(db: &mut Db) -> Option<(i64, String)> {
+    let rows = db.client.query("SELECT reader_fence, slot_state FROM outbox_log_lease(0, 60000)", &[]).expect("lease");
+    rows.first().map(|row| (row.get(0), row.get(1)))
+}
+
+/// Reads what the slot holds, and the oldest transaction running when the read began.
+fn read(db: &mut Db, fence: i64) -> (LogRead, i64) {
+    let rows = db.client.query("SELECT data, xmin FROM outbox_log_read($1, 10000)", &[&fence]).expect("read");
+    let messages: Vec<Vec<u8>> = rows.iter().map(|row| row.get(0)).collect();
+    let oldest = rows.first().map_or(0, |row| row.get(1));
+    (read_events(messages.iter().map(Vec::as_slice)).expect("pgoutput messages of outbox_log"), oldest)
+}
+
+fn confirm(db: &mut Db, fence: i64, read: &LogRead, oldest: i64) -> bool {
+    let end = read.end.expect("a whole transaction was read") as i64;
+    db.client.query_one("SELECT outbox_log_confirm($1, $2, $3)", &[&fence, &end, &oldest]).expect("confirm").get(0)
+}
+
+/// Back to table mode with no slot and no lease, as every other test expects.
+fn leave_log_mode(db: &mut Db) {
+    db.execute("SELECT outbox_set_mode('table')");
+    db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'outbox_log_%'");
+    db.execute("UPDATE outbox_log_state SET confirmed_lsn = NULL, recover_from = NULL, reader_until = NULL");
+    db.execute("TRUNCATE outbox_log");
+}
+
+/// Log mode on, with its slot made (as a relay makes it) and the lease held; returns the fence.
+fn enter_log_mode(db: &mut Db) -> i64 {
+    leave_log_mode(db);
+    db.execute("SELECT outbox_set_mode('log')");
+    let (fence, state) = lease(db).expect("the lease is free");
+    assert_eq!(state, "missing", "no slot before a relay makes it");
+    assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")));
+    assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 0, "nothing was enqueued before");
+    fence
+}
+
+#[test]
+fn an_enqueue_in_log_mode_writes_one_row_and_the_slot_carries_what_debezium_routes_by() {
+    let mut db = db();
+    let error = db.client.batch_execute("SELECT outbox_set_mode('stream')").expect_err("not a mode");
+    assert_eq!(error.as_db_error().map(|e| e.code().code()), Some("22023"), "{error}");
+    let fence = enter_log_mode(&mut db);
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM pg_publication_tables WHERE pubname = 'outbox_log' AND tablename = 'outbox_log'"), 1);
+    assert!(
+        db.value::<i64>("SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_log'::regclass") >= 7,
+        "the next hours' partitions"
+    );
+
+    let (events, deliveries) = (db.count_events("true"), db.value::<i64>("SELECT count(*) FROM outbox_deliveries"));
+    let id: i64 = db.value("SELECT outbox_enqueue('order.placed', '{\"total\": 42}', 'order-7')");
+    db.execute("BEGIN; SELECT outbox_enqueue('order.placed', '{\"rolled\": \"back\"}'); ROLLBACK");
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_log"), 1, "one row, and none for the rolled-back enqueue");
+    assert_eq!(
+        (db.count_events("true"), db.value::<i64>("SELECT count(*) FROM outbox_deliveries")),
+        (events, deliveries),
+        "no table-mode row"
+    );
+    // Scheduled events take the table path, which keeps them until they are due.
+    let scheduled: i64 = db.value("SELECT outbox_enqueue('order.placed', '{}', deliver_at => now() + interval '1 hour')");
+    assert_eq!(db.count_events(&format!("id = {scheduled}")), 1);
+
+    // What Debezium's outbox event router takes: id, the aggregate type and type (topic), the
+    // aggregate id (key) and the payload, from the table's inserts over the publication.
+    let (log, oldest) = read(&mut db, fence);
+    assert_eq!(log.events.len(), 1, "{log:?}");
+    let event = &log.events[0];
+    assert_eq!((event.id, event.topic.as_str(), event.key.as_deref()), (id, "order.placed", Some("order-7")));
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&event.payload).unwrap(), serde_json::json!({"total": 42}));
+
+    // Another relay gets no lease while this one's runs, and cannot confirm.
+    assert_eq!(lease(&mut db), None);
+    assert!(!db.value::<bool>(&format!("SELECT outbox_log_confirm({}, 0, 0)", fence + 1)));
+    assert!(confirm(&mut db, fence, &log, oldest));
+    assert_eq!(read(&mut db, fence).0.events, vec![], "confirmed events are not read again");
+
+    leave_log_mode(&mut db);
+}
+
+#[test]
+fn events_routed_where_only_the_table_path_goes_are_copied_there_and_delivered() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.execute(&format!(
+        "SELECT outbox_endpoint_set('log-hook', '{}', '{{log.*}}');
+         SELECT outbox_endpoint_set('log-ordered', '{}', '{{log.*}}', ordered => true);
+         SELECT outbox_endpoint_set('log-pull', NULL, '{{log.*}}', kind => 'pull');",
+        receiver.url, receiver.url
+    ));
+    let fence = enter_log_mode(&mut db);
+    db.execute("SELECT outbox_enqueue('log.one', '{\"n\": 1}', 'k'); SELECT outbox_enqueue('log.two', '{\"n\": 2}');");
+    let (log, _) = read(&mut db, fence);
+    let topics: Vec<String> = log.events.iter().map(|e| e.topic.clone()).collect();
+    let keys: Vec<Option<String>> = log.events.iter().map(|e| e.key.clone()).collect();
+    let payloads: Vec<String> = log.events.iter().map(|e| e.payload.clone()).collect();
+    let created: Vec<String> = log.events.iter().map(|e| e.created_at.clone()).collect();
+    let routes = db
+        .client
+        .query("SELECT event, endpoint, direct, body FROM outbox_log_route($1, $2, $3, $4)", &[&topics, &keys, &payloads, &created])
+        .expect("route");
+    let routes: Vec<_> = routes.into_iter().filter(|r| r.get::<_, String>(1).starts_with("log-")).collect();
+    let routed: Vec<(i32, String, bool)> = routes.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    assert_eq!(
+        routed,
+        [
+            (1, "log-hook", true),
+            (1, "log-ordered", false),
+            (1, "log-pull", false),
+            (2, "log-hook", true),
+            (2, "log-ordered", true),
+            (2, "log-pull", false)
+        ]
+        .map(|(e, n, d)| (e, n.to_string(), d))
+        .to_vec(),
+        "the ordered endpoint's keyed event and the pull endpoint's go through the table path"
+    );
+    let body: serde_json::Value = serde_json::from_str(&routes[0].get::<_, String>(3)).unwrap();
+    assert_eq!((body["type"].as_str(), &body["data"]), (Some("log.one"), &serde_json::json!({"n": 1})), "a claim's body");
+
+    // The relay copies those (and any delivery that failed) into the table path.
+    let copy = |db: &mut Db| -> i64 {
+        let event = &log.events[0];
+        db.client
+            .query_one(
+                "SELECT outbox_log_defer(ARRAY[$1, $1]::bigint[], ARRAY[$2, $2], ARRAY[$3, $3], ARRAY[$4, $4]::text[], ARRAY[$5, $5],
+                                         ARRAY['log-ordered', 'log-pull'], ARRAY[0, 0], ARRAY[NULL, NULL]::text[], ARRAY[0, 0]::float8[])",
+                &[&event.id, &event.topic, &event.payload, &event.key, &event.created_at],
+            )
+            .expect("defer")
+            .get(0)
+    };
+    assert_eq!(copy(&mut db), 2);
+    assert_eq!(copy(&mut db), 0, "a batch read twice is copied once");
+    let id = log.events[0].id;
+    let claimed: i64 = db.value("SELECT count(*) FROM outbox_claim('log-pull', 10)");
+    assert_eq!(claimed, 1, "the pull consumer claims it");
+    db.wait_for("the workers send the ordered endpoint's copy", Duration::from_secs(30), |db| {
+        db.count_to("log-ordered", &format!("id = {id} AND sent_at IS NOT NULL")) == 1
+    });
+    assert_eq!(receiver.deliveries_of(id).len(), 1);
+
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop(n) FROM unnest(ARRAY['log-hook', 'log-ordered', 'log-pull']) AS n");
+}
+
+#[test]
+fn a_dropped_slot_is_made_again_and_every_event_not_confirmed_is_delivered() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.execute(&format!("SELECT outbox_endpoint_set('log-lost', '{}', '{{lost.*}}')", receiver.url));
+    let fence = enter_log_mode(&mut db);
+    let confirmed = db.enqueue("lost.before", "{}");
+    let (log, oldest) = read(&mut db, fence);
+    assert!(confirm(&mut db, fence, &log, oldest));
+    let unconfirmed = [db.enqueue("lost.after", "{\"n\": 1}"), db.enqueue("lost.after", "{\"n\": 2}")];
+
+    // What a failover to a standby (which has no slot in PostgreSQL 15) or a DROP leaves.
+    db.execute("SELECT pg_drop_replication_slot(slot) FROM outbox_log_state");
+    assert_eq!(lease(&mut db), None, "the lease is still this relay's");
+    let state: String = db.value(&format!("SELECT slot_state FROM outbox_log_lease({fence}, 60000)"));
+    assert_eq!(state, "missing");
+    assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")));
+    // Each to log-lost and to the endpoint default, which takes every topic.
+    assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 4, "the two events not confirmed");
+    for id in unconfirmed {
+        db.wait_for("the workers deliver a recovered event", Duration::from_secs(30), |db| {
+            db.count_to("log-lost", &format!("id = {id} AND sent_at IS NOT NULL")) == 1
+        });
+        assert_eq!(receiver.deliveries_of(id).len(), 1);
+    }
+    assert!(receiver.deliveries_of(confirmed).is_empty(), "a confirmed event is not sent again");
+    // The new slot carries what comes next.
+    let next = db.enqueue("lost.next", "{}");
+    assert_eq!(read(&mut db, fence).0.events.iter().map(|e| e.id).collect::<Vec<_>>(), vec![next]);
+
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop('log-lost')");
+}
