@@ -27,7 +27,7 @@ openssl x509 -req -in "$TLS/server.csr" -CA "$TLS/ca.pem" -CAkey "$TLS/ca.key" -
 chown postgres "$TLS/server.key" "$TLS/server.pem" 2>/dev/null || true
 chmod 600 "$TLS/server.key"
 
-start_cluster "$DIR/pg" "$PORT" "outbox.workers = 0" "ssl = on" "ssl_cert_file = '$TLS/server.pem'" "ssl_key_file = '$TLS/server.key'"
+start_cluster "$DIR/pg" "$PORT" "outbox.workers = 0" "wal_level = logical" "ssl = on" "ssl_cert_file = '$TLS/server.pem'" "ssl_key_file = '$TLS/server.key'"
 # One at a time: a test's relay must not deliver another test's events.
 OUTBOX_TEST_URL="postgres://postgres@127.0.0.1:$PORT/postgres" OUTBOX_TEST_TLS="$TLS" cargo test -q -p outbox --test '*' -- --test-threads=1 "$@"
 

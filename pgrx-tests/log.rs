@@ -28,19 +28,28 @@ fn confirm(db: &mut Db, fence: i64, read: &LogRead, oldest: i64) -> bool {
     db.client.query_one("SELECT outbox_log_confirm($1, $2, $3)", &[&fence, &end, &oldest]).expect("confirm").get(0)
 }
 
-/// Back to table mode with no slot and no lease, as every other test expects.
+/// Back to table mode with no slot and no lease, as every other test expects. The workers stop
+/// reading once recover_from is null; the slot is dropped once no read holds it.
 fn leave_log_mode(db: &mut Db) {
     db.execute("SELECT outbox_set_mode('table')");
-    db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'outbox_log_%'");
-    db.execute("UPDATE outbox_log_state SET confirmed_lsn = NULL, recover_from = NULL, reader_until = NULL");
+    db.execute("UPDATE outbox_log_state SET confirmed_lsn = NULL, recover_from = NULL, reader_until = NULL, recovering = false");
+    db.wait_for("the log's slot is dropped", Duration::from_secs(10), |db| {
+        db.client
+            .batch_execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'outbox_log_%'")
+            .is_ok()
+    });
     db.execute("TRUNCATE outbox_log");
 }
 
-/// Log mode on, with its slot made (as a relay makes it) and the lease held; returns the fence.
+/// Log mode on, with its slot made (as a relay makes it) and the lease held by the test, not
+/// the workers (taken in the transaction that turns log mode on); returns the fence.
 fn enter_log_mode(db: &mut Db) -> i64 {
     leave_log_mode(db);
-    db.execute("SELECT outbox_set_mode('log')");
-    let (fence, state) = lease(db).expect("the lease is free");
+    let mut both = db.client.transaction().expect("begin");
+    both.batch_execute("SELECT outbox_set_mode('log')").expect("log mode");
+    let row = both.query_one("SELECT reader_fence, slot_state FROM outbox_log_lease(0, 600000)", &[]).expect("the lease");
+    both.commit().expect("commit");
+    let (fence, state): (i64, String) = (row.get(0), row.get(1));
     assert_eq!(state, "missing", "no slot before a relay makes it");
     assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")));
     assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 0, "nothing was enqueued before");
@@ -187,4 +196,72 @@ fn a_dropped_slot_is_made_again_and_every_event_not_confirmed_is_delivered() {
 
     leave_log_mode(&mut db);
     db.execute("SELECT outbox_endpoint_drop('log-lost')");
+}
+
+/// Log mode with the workers reading the slot: `endpoint` takes `topics`.
+fn log_mode_with_workers(db: &mut Db, endpoint: &str, url: &str, topics: &str) {
+    leave_log_mode(db);
+    db.execute(&format!("SELECT outbox_endpoint_set('{endpoint}', '{url}', '{{{topics}}}')"));
+    db.execute("SELECT outbox_set_mode('log')");
+    // Events enqueued before the slot is made are recovered into the table path: wait for it.
+    db.wait_for("the workers make the slot", Duration::from_secs(30), |db| {
+        db.value::<bool>(
+            "SELECT EXISTS (SELECT FROM pg_replication_slots AS r JOIN outbox_log_state AS s ON r.slot_name = s.slot WHERE NOT s.recovering)",
+        )
+    });
+}
+
+#[test]
+fn the_workers_deliver_from_the_slot_signed_once_each_and_record_nothing_for_an_acknowledgement() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    log_mode_with_workers(&mut db, "log-fast", &receiver.url, "fast.*");
+    let secret: String = db.value("SELECT outbox_endpoint_rotate_secret('log-fast')");
+    db.execute("BEGIN; SELECT outbox_enqueue('fast.rolled_back', '{}'); ROLLBACK");
+    let ids: Vec<i64> = db.column("SELECT outbox_enqueue('fast.made', jsonb_build_object('n', n)) FROM generate_series(1, 200) AS n");
+    db.wait_for("every event reaches the receiver", Duration::from_secs(30), |_| {
+        ids.iter().all(|&id| !receiver.deliveries_of(id).is_empty())
+    });
+    for &id in &ids {
+        let deliveries = receiver.deliveries_of(id);
+        assert_eq!(deliveries.len(), 1, "event {id} was sent once");
+        assert!(deliveries[0].verified_by_standardwebhooks(&secret), "event {id} is signed");
+    }
+    assert!(receiver.deliveries().iter().all(|d| d.json()["type"] == "fast.made"), "the rolled-back event is never sent");
+    // (The endpoint default, which takes every topic and has no URL here, keeps its copies in
+    // the table path, where they wait as in table mode.)
+    assert_eq!(db.count_to("log-fast", "true"), 0, "an acknowledged delivery read from the log writes no row");
+    db.wait_for("the slot is confirmed past them", Duration::from_secs(10), |db| {
+        db.value::<bool>(
+            "SELECT s.confirmed_flush_lsn >= pg_current_wal_lsn() - 1000000 AND l.confirmed_lsn IS NOT NULL
+               FROM pg_replication_slots AS s JOIN outbox_log_state AS l ON s.slot_name = l.slot",
+        )
+    });
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop('log-fast')");
+}
+
+#[test]
+fn a_failing_endpoint_goes_on_in_the_table_path_and_holds_back_neither_the_slot_nor_the_others() {
+    let mut db = db();
+    let (healthy, failing) = (Receiver::start(Reply::Status(204)), Receiver::start(Reply::Status(503)));
+    log_mode_with_workers(&mut db, "log-healthy", &healthy.url, "mixed.*");
+    db.execute(&format!("SELECT outbox_endpoint_set('log-failing', '{}', '{{mixed.*}}')", failing.url));
+    let ids: Vec<i64> = db.column("SELECT outbox_enqueue('mixed.event', jsonb_build_object('n', n)) FROM generate_series(1, 20) AS n");
+    db.wait_for("the healthy endpoint gets every event", Duration::from_secs(30), |_| {
+        ids.iter().all(|&id| healthy.deliveries_of(id).len() == 1)
+    });
+    db.wait_for("the failures are copied into the table path", Duration::from_secs(30), |db| {
+        db.count_to("log-failing", "attempts >= 1 AND last_error LIKE '%503%'") == 20
+    });
+    assert_eq!(db.count_to("log-healthy", "true"), 0, "the healthy endpoint's deliveries left no row");
+    // Later events do not wait behind the failing endpoint's retries.
+    let later = db.enqueue("mixed.event", "{}");
+    db.wait_for("a later event reaches the healthy endpoint", Duration::from_secs(10), |_| !healthy.deliveries_of(later).is_empty());
+    failing.set_reply(Reply::Status(204));
+    db.wait_for("the table path delivers what failed", Duration::from_secs(60), |db| {
+        db.count_to("log-failing", "sent_at IS NOT NULL") >= 20
+    });
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop(n) FROM unnest(ARRAY['log-healthy', 'log-failing']) AS n");
 }

@@ -100,9 +100,13 @@ fn updating_from_0_1_0_keeps_every_row_delivers_the_pending_and_ends_as_a_fresh_
     assert_eq!(db.count_events("topic = 'legacy'"), 0);
     assert!(receiver.deliveries().is_empty(), "the 0.2.0 workers wait for the update");
 
-    db.execute("ALTER EXTENSION outbox_ext UPDATE");
+    // The rows are read in the update's transaction: once it commits, the workers start claiming.
+    let mut update = db.client.transaction().expect("begin");
+    update.batch_execute("ALTER EXTENSION outbox_ext UPDATE").expect("update");
+    let after: String = update.query_one(ROWS_0_2_0, &[]).expect("rows").get(0);
+    update.commit().expect("commit");
     assert_eq!(db.value::<String>("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'"), LIBRARY_VERSION);
-    assert_eq!(db.value::<String>(ROWS_0_2_0), before, "every row is kept, its delivery state now the default endpoint's");
+    assert_eq!(after, before, "every row is kept, its delivery state now the default endpoint's");
     assert_eq!(db.value::<i64>("SELECT sent FROM outbox_stats()"), 20, "sent rows are counted");
 
     // The 20 events still to deliver (31..50 of 0.1.0) arrive, signed with 0.1.0's secret.

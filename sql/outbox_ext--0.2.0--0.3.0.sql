@@ -1288,6 +1288,7 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_skip_dead(text, text, text, timestampt
 -- the confirmed position (the xmin of a snapshot taken before it was read): were the slot lost,
 -- the events of every transaction from it on are delivered again from outbox_log.
 -- reader_fence and reader_until are the lease of the one relay that reads the slot.
+-- recovering: the slot was made again, and what it did not hold is not yet recovered.
 CREATE TABLE @extschema@.outbox_log_state (
     one           boolean     PRIMARY KEY DEFAULT true CHECK (one),
     enabled       boolean     NOT NULL DEFAULT false,
@@ -1296,7 +1297,8 @@ CREATE TABLE @extschema@.outbox_log_state (
     confirmed_lsn pg_lsn,
     recover_from  xid8,
     reader_fence  bigint      NOT NULL DEFAULT 0,
-    reader_until  timestamptz
+    reader_until  timestamptz,
+    recovering    boolean     NOT NULL DEFAULT false
 );
 
 COMMENT ON TABLE @extschema@.outbox_log_state IS 'Log mode: whether it is on (outbox_set_mode()), the slot the relay reads, its confirmed position and the reader''s lease.';
@@ -1428,9 +1430,9 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_set_mode(text) FROM PUBLIC;
 -- The relay's lease on reading the slot: one relay reads it at a time, so no two deliver the
 -- same event. fence is the lease this relay holds (0: none); the lease is renewed when it
 -- still holds it, taken (with a new fence) when the holder's ran out. Returns nothing while
--- another relay holds it or before log mode was ever on; else the fence, the slot, the
--- publication, and the slot's state: ready, missing (dropped, or a standby promoted) or lost
--- (invalidated by max_slot_wal_keep_size).
+-- another relay holds it or before log mode was ever on; else the fence and the slot's state:
+-- ready, missing (dropped, or a standby promoted), lost (invalidated by
+-- max_slot_wal_keep_size), or recovering (made again, its events not yet recovered).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_lease(fence bigint, lease_ms double precision)
 RETURNS TABLE (reader_fence bigint, slot_state text)
 LANGUAGE plpgsql
@@ -1448,9 +1450,9 @@ BEGIN
                reader_until = clock_timestamp() + lease_ms * interval '1 millisecond'
          WHERE (s.enabled OR s.recover_from IS NOT NULL)
            AND (held OR s.reader_until IS NULL OR s.reader_until < clock_timestamp())
-        RETURNING s.reader_fence, s.slot)
+        RETURNING s.reader_fence, s.slot, s.recovering)
     SELECT l.reader_fence,
-           coalesce((SELECT CASE WHEN r.wal_status = 'lost' THEN 'lost' ELSE 'ready' END
+           coalesce((SELECT CASE WHEN r.wal_status = 'lost' THEN 'lost' WHEN l.recovering THEN 'recovering' ELSE 'ready' END
                        FROM pg_replication_slots AS r WHERE r.slot_name = l.slot), 'missing')
       FROM leased AS l;
 END
@@ -1523,7 +1525,8 @@ BEGIN
       JOIN @extschema@.outbox_endpoints AS r ON r.topics OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(l.topic)
      WHERE l.xact >= coalesce(recover, '0'::xid8);
     -- From here on, the new slot holds whatever is not delivered.
-    UPDATE @extschema@.outbox_log_state SET confirmed_lsn = NULL, recover_from = pg_snapshot_xmin(pg_current_snapshot());
+    UPDATE @extschema@.outbox_log_state
+       SET confirmed_lsn = NULL, recover_from = pg_snapshot_xmin(pg_current_snapshot()), recovering = false;
     RETURN coalesce(made, 0);
 END
 $$;
@@ -1561,7 +1564,7 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_confirm(bigint, bigint, bigint) FR
 
 -- Makes the slot again when it is missing, or lost (dropped first): run in autocommit, since a
 -- slot cannot be made in a transaction that wrote. Returns whether it made one; the relay then
--- runs outbox_log_recover.
+-- runs outbox_log_recover (recovering says so until it has).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_make_slot(fence bigint)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -1584,6 +1587,8 @@ BEGIN
         PERFORM pg_drop_replication_slot(state.slot);
     END IF;
     PERFORM pg_create_logical_replication_slot(state.slot, 'pgoutput');
+    -- Until outbox_log_recover has run, whatever stops the relay now.
+    UPDATE @extschema@.outbox_log_state SET recovering = true;
     RETURN true;
 END
 $$;

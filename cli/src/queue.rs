@@ -14,12 +14,14 @@ use crate::connection::{connect, error_text, find_outbox, Outbox};
 use crate::metrics::Metrics;
 use crate::presence::Presence;
 use outbox_core::endpoints::EndpointRow;
+use outbox_core::log::batch::{Deferrals, EventColumns, Route};
 use outbox_core::queue::{
-    millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, Queue, QueueError,
+    millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, LogLease, LogRows, Queue, QueueError,
 };
 use outbox_core::statements::{
-    CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, MARK_SENT,
-    NOTE_UNUSABLE_ENDPOINTS, RECORD_FAILURES, SEQUENCE, SESSION_SETTINGS, UNCOUNT_ABANDONED,
+    CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, LOG_CONFIRM,
+    LOG_DEFER, LOG_LEASE, LOG_MAINTAIN, LOG_MAKE_SLOT, LOG_READ, LOG_RECOVER, LOG_ROUTE, MARK_SENT, NOTE_UNUSABLE_ENDPOINTS,
+    RECORD_FAILURES, SEQUENCE, SESSION_SETTINGS, UNCOUNT_ABANDONED,
 };
 
 /// The relay's statements for one outbox, with its tables named by their schema.
@@ -37,6 +39,14 @@ struct Statements {
     delete_emptied_events: String,
     uncount_abandoned: String,
     retention_lock: String,
+    log_lease: String,
+    log_make_slot: String,
+    log_recover: String,
+    log_read: String,
+    log_route: String,
+    log_defer: String,
+    log_confirm: String,
+    log_maintain: String,
 }
 
 pub struct ClientQueue {
@@ -77,6 +87,14 @@ impl ClientQueue {
             delete_expired: outbox.qualify(DELETE_EXPIRED),
             delete_emptied_events: outbox.qualify(DELETE_EMPTIED_EVENTS),
             uncount_abandoned: outbox.qualify(UNCOUNT_ABANDONED),
+            log_lease: outbox.qualify(LOG_LEASE),
+            log_make_slot: outbox.qualify(LOG_MAKE_SLOT),
+            log_recover: outbox.qualify(LOG_RECOVER),
+            log_read: outbox.qualify(LOG_READ),
+            log_route: outbox.qualify(LOG_ROUTE),
+            log_defer: outbox.qualify(LOG_DEFER),
+            log_confirm: outbox.qualify(LOG_CONFIRM),
+            log_maintain: outbox.qualify(LOG_MAINTAIN),
             // One relay at a time deletes what expired; the others go on delivering.
             retention_lock: format!(
                 "SELECT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('outbox retention ' OPERATOR(pg_catalog.||) {}))",
@@ -98,16 +116,7 @@ impl ClientQueue {
     /// transaction is rolled back (or the connection dropped, if it is lost) and the error says
     /// whether the outbox is still the one these statements are for.
     fn transaction<T>(&mut self, body: impl FnOnce(&mut Client, &Statements) -> Result<T, postgres::Error>) -> Result<T, QueueError> {
-        if self.client.as_ref().is_none_or(Client::is_closed) {
-            match connect(&self.url, "outbox relay") {
-                Ok(client) => self.client = Some(client),
-                Err(e) => {
-                    self.client = None;
-                    self.metrics.database_up.store(false, Ordering::Relaxed);
-                    return Err(QueueError::Failed(e.to_string()));
-                }
-            }
-        }
+        self.connect()?;
         let client = self.client.as_mut().expect("connected above");
         let presence = &mut self.presence;
         let result = client.batch_execute(&self.statements.begin).and_then(|()| {
@@ -127,6 +136,34 @@ impl ClientQueue {
                 Err(self.failure(e))
             }
         }
+    }
+
+    /// Runs `statement` with `arguments` on its own, in autocommit: log mode's statements that
+    /// make or read a replication slot, which no transaction that wrote may do.
+    fn autocommit(&mut self, statement: &str, arguments: &[(&(dyn ToSql + Sync), Type)]) -> Result<Vec<postgres::Row>, QueueError> {
+        self.connect()?;
+        let client = self.client.as_mut().expect("connected above");
+        match client.query_typed(statement, arguments) {
+            Ok(rows) => {
+                self.metrics.database_up.store(true, Ordering::Relaxed);
+                Ok(rows)
+            }
+            Err(e) => Err(self.failure(e)),
+        }
+    }
+
+    fn connect(&mut self) -> Result<(), QueueError> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            match connect(&self.url, "outbox relay") {
+                Ok(client) => self.client = Some(client),
+                Err(e) => {
+                    self.client = None;
+                    self.metrics.database_up.store(false, Ordering::Relaxed);
+                    return Err(QueueError::Failed(e.to_string()));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// What a failed statement means to the loop: `Gone` if the outbox was dropped or changed
@@ -305,5 +342,71 @@ impl Queue for ClientQueue {
             }
             Ok(deleted.unwrap_or(0) as usize)
         })
+    }
+
+    fn log_lease(&mut self, fence: i64, lease: Duration) -> Result<Option<LogLease>, QueueError> {
+        self.transaction(|client, statements| {
+            let rows = client.query_typed(&statements.log_lease, &[(&fence, Type::INT8), (&millis(lease), Type::FLOAT8)])?;
+            Ok(rows.first().map(|row| LogLease { fence: row.get(0), slot_ready: row.get::<_, String>(1) == "ready" }))
+        })
+    }
+
+    fn log_make_slot(&mut self, fence: i64) -> Result<bool, QueueError> {
+        let statement = self.statements.log_make_slot.clone();
+        let rows = self.autocommit(&statement, &[(&fence, Type::INT8)])?;
+        Ok(rows.first().is_some_and(|row| row.get(0)))
+    }
+
+    fn log_recover(&mut self, fence: i64) -> Result<i64, QueueError> {
+        self.transaction(|client, statements| Ok(client.query_typed_one(&statements.log_recover, &[(&fence, Type::INT8)])?.get(0)))
+    }
+
+    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<LogRows, QueueError> {
+        let statement = self.statements.log_read.clone();
+        let rows = self.autocommit(&statement, &[(&fence, Type::INT8), (&max_changes, Type::INT4)])?;
+        let (oldest, began_at) = rows.first().map_or((0, 0), |row| (row.get(1), row.get(2)));
+        Ok(LogRows { messages: rows.iter().map(|row| row.get(0)).collect(), oldest, began_at })
+    }
+
+    fn log_route(&mut self, events: &EventColumns) -> Result<Vec<Route>, QueueError> {
+        self.transaction(|client, statements| {
+            let arguments: [(&(dyn ToSql + Sync), Type); 4] = [
+                (&events.topics, Type::TEXT_ARRAY),
+                (&events.keys, Type::TEXT_ARRAY),
+                (&events.payloads, Type::TEXT_ARRAY),
+                (&events.created, Type::TEXT_ARRAY),
+            ];
+            let rows = client.query_typed(&statements.log_route, &arguments)?;
+            Ok(rows.iter().map(|row| Route { event: row.get(0), endpoint: row.get(1), body: row.get(2) }).collect())
+        })
+    }
+
+    fn log_defer(&mut self, deferrals: &Deferrals) -> Result<i64, QueueError> {
+        self.transaction(|client, statements| {
+            let arguments: [(&(dyn ToSql + Sync), Type); 9] = [
+                (&deferrals.ids, Type::INT8_ARRAY),
+                (&deferrals.topics, Type::TEXT_ARRAY),
+                (&deferrals.payloads, Type::TEXT_ARRAY),
+                (&deferrals.keys, Type::TEXT_ARRAY),
+                (&deferrals.created, Type::TEXT_ARRAY),
+                (&deferrals.endpoints, Type::TEXT_ARRAY),
+                (&deferrals.attempts, Type::INT4_ARRAY),
+                (&deferrals.errors, Type::TEXT_ARRAY),
+                (&deferrals.due_in_ms, Type::FLOAT8_ARRAY),
+            ];
+            Ok(client.query_typed_one(&statements.log_defer, &arguments)?.get(0))
+        })
+    }
+
+    fn log_confirm(&mut self, fence: i64, end: u64, oldest: i64) -> Result<bool, QueueError> {
+        let end = end as i64;
+        self.transaction(|client, statements| {
+            let arguments: [(&(dyn ToSql + Sync), Type); 3] = [(&fence, Type::INT8), (&end, Type::INT8), (&oldest, Type::INT8)];
+            Ok(client.query_typed_one(&statements.log_confirm, &arguments)?.get(0))
+        })
+    }
+
+    fn log_maintain(&mut self) -> Result<i32, QueueError> {
+        self.transaction(|client, statements| Ok(client.query_typed_one(&statements.log_maintain, &[])?.get(0)))
     }
 }

@@ -211,6 +211,23 @@ impl Endpoints {
         })
     }
 
+    pub fn knows(&self, name: &str) -> bool {
+        self.known.contains_key(name)
+    }
+
+    /// The endpoint's name as the relay shares it, if it can be sent to.
+    pub fn sendable(&self, name: &str) -> Option<Arc<str>> {
+        let (name, endpoint) = self.known.get_key_value(name)?;
+        endpoint.target.is_ok().then(|| name.clone())
+    }
+
+    /// Whether one more request to the endpoint fits in its request slots and the worker's
+    /// budgets (a delivery read from the log, which is sent without a claim).
+    pub fn has_room(&self, name: &str, sender: &Sender, settings: &Settings) -> bool {
+        let (requests, bytes) = budget_left(sender, settings);
+        requests > 0 && bytes > 0 && self.known.contains_key(name) && self.free_slots(name, sender, settings) > 0
+    }
+
     pub fn target(&self, name: &str) -> Option<Arc<Target>> {
         self.known.get(name)?.target.as_ref().ok().cloned()
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::delivery::{retry_delay, Attempt, AttemptKey, Event};
 use crate::endpoints::{ClaimPlan, EndpointRow};
+use crate::log::batch::{Deferrals, EventColumns, Route};
 
 /// Why a statement of the queue failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,6 +44,45 @@ pub trait Queue {
     /// Deletes up to `limit` expired deliveries, then the events they leave behind; returns how
     /// many deliveries and unrouted events went.
     fn delete_expired(&mut self, retention: Option<Duration>, dead_retention: Option<Duration>, limit: usize) -> Result<usize, QueueError>;
+
+    // Log mode (sql/log.sql): the relay that holds the lease reads the slot.
+
+    /// Takes the lease on reading the slot, or renews it (`fence`: the one this relay holds,
+    /// 0 for none); `None` while another relay holds it, or before log mode was ever on.
+    fn log_lease(&mut self, fence: i64, lease: Duration) -> Result<Option<LogLease>, QueueError>;
+    /// Makes the slot again if it is missing or lost; true if it did. In autocommit: a slot
+    /// cannot be made in a transaction that wrote.
+    fn log_make_slot(&mut self, fence: i64) -> Result<bool, QueueError>;
+    /// Copies every event the slot may not hold any more into the table path; returns how many
+    /// deliveries that made.
+    fn log_recover(&mut self, fence: i64) -> Result<i64, QueueError>;
+    /// Up to about `max_changes` changes of whole transactions from the slot, not consumed.
+    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<LogRows, QueueError>;
+    /// Where each event goes (`outbox_log_route`).
+    fn log_route(&mut self, events: &EventColumns) -> Result<Vec<Route>, QueueError>;
+    /// Copies deliveries into the table path; returns how many it made.
+    fn log_defer(&mut self, deferrals: &Deferrals) -> Result<i64, QueueError>;
+    /// Lets the slot go of everything before `end`; false if this relay lost the lease.
+    fn log_confirm(&mut self, fence: i64, end: u64, oldest: i64) -> Result<bool, QueueError>;
+    /// Makes the log's next partitions and drops those read and confirmed.
+    fn log_maintain(&mut self) -> Result<i32, QueueError>;
+}
+
+/// What `log_lease` got: the fence to read and confirm with, and the slot's state
+/// (`outbox_log_lease`: ready, missing or lost).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLease {
+    pub fence: i64,
+    pub slot_ready: bool,
+}
+
+/// What `log_read` returned: the pgoutput messages, and (with the first of them) the oldest
+/// transaction running when the read began and the WAL position then.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogRows {
+    pub messages: Vec<Vec<u8>>,
+    pub oldest: i64,
+    pub began_at: i64,
 }
 
 /// What `load_endpoints` read: the endpoints just disabled (name and reason), those to claim

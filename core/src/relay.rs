@@ -9,8 +9,10 @@ use std::convert::Infallible;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use crate::delivery::{one_line, Attempt, AttemptKey, Destinations, Outcome, Sender, SenderError, MAX_ERROR_BYTES};
+use crate::delivery::{one_line, retry_delay, Attempt, AttemptKey, Destinations, Outcome, Sender, SenderError, MAX_ERROR_BYTES};
 use crate::endpoints::Endpoints;
+use crate::log::batch::{Deferrals, EventColumns, LogBatch, ReadStarts, Start, LOG_FENCE};
+use crate::log::read_events;
 use crate::queue::{AttemptColumns, ClaimArguments, Claimed, DeadDelivery, FailureColumns, Queue, QueueError};
 use crate::settings::Settings;
 use crate::timers::{Timers, ACK_RETRY};
@@ -23,6 +25,9 @@ const RETENTION_BATCH: usize = 1_000;
 const RETENTION_PAUSE: Duration = Duration::from_secs(10);
 /// A failure that keeps happening is logged again after this long.
 const REPEAT_WARNING_AFTER: Duration = Duration::from_secs(60);
+/// Log mode: a read of the slot takes about this many changes (whole transactions; an event
+/// alone in its transaction is three).
+const LOG_READ_CHANGES: i32 = 6_000;
 
 /// How a driver waits, and what it was asked meanwhile.
 pub trait Wake {
@@ -114,6 +119,25 @@ pub struct Relay<Q, W, R> {
     left_out: bool,
     /// Some endpoint's last claim came back full: more is due than one claim takes.
     backlog: bool,
+    log: LogReading,
+}
+
+/// Log mode: the lease this relay holds on reading the slot (0: none), the read on its way
+/// (one at a time: the slot is confirmed in order), and where recent reads began.
+struct LogReading {
+    fence: i64,
+    batch: Option<LogBatch>,
+    starts: ReadStarts,
+    /// The last read took as many changes as a read takes: read again once it is delivered.
+    full: bool,
+    /// When to renew the lease while a read is on its way.
+    renew_at: Instant,
+}
+
+impl Default for LogReading {
+    fn default() -> LogReading {
+        LogReading { fence: 0, batch: None, starts: ReadStarts::default(), full: false, renew_at: Instant::now() }
+    }
 }
 
 impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
@@ -131,6 +155,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             last_warning: None,
             left_out: false,
             backlog: false,
+            log: LogReading::default(),
         })
     }
 
@@ -161,6 +186,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             // them without waiting.
             timers.claim_due |= self.record_finished(finished)?;
             claimed?;
+            self.read_log_if_due(timers)?;
             if reloaded {
                 // Published after the first claim under the new settings: from here on, only a
                 // commit's wakeup or the new poll interval starts a claim.
@@ -264,6 +290,140 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         }
     }
 
+    /// Log mode: starts what the read on its way has room for and confirms it once delivered;
+    /// with none on its way and one due, takes the lease and reads the slot's next
+    /// transactions. Deliveries only the table path makes (and failures) are copied there.
+    fn read_log_if_due(&mut self, timers: &mut Timers) -> Result<(), Ended> {
+        let woken = std::mem::take(&mut timers.log_woken) && self.log.fence != 0;
+        if self.log.batch.is_none() {
+            if !std::mem::take(&mut timers.log_due) && !woken {
+                return Ok(());
+            }
+            self.read_log(timers)?;
+        }
+        if self.log.batch.is_some() && Instant::now() >= self.log.renew_at {
+            self.lease_log(timers)?;
+        }
+        self.start_log_deliveries();
+        if let Some(copied) = self.confirm_log_if_done()? {
+            timers.claim_due |= copied;
+            timers.log_due = self.log.full;
+        }
+        Ok(())
+    }
+
+    fn read_log(&mut self, timers: &mut Timers) -> Result<(), Ended> {
+        let Some(fence) = self.lease_log(timers)? else { return Ok(()) };
+        let rows = match self.queue.log_read(fence, LOG_READ_CHANGES) {
+            Ok(rows) => rows,
+            Err(e) => return self.failed("reading the log's slot", e),
+        };
+        self.log.full = rows.messages.len() >= LOG_READ_CHANGES as usize;
+        if !rows.messages.is_empty() {
+            self.log.starts.note(rows.began_at as u64, rows.oldest);
+        }
+        let read = match read_events(rows.messages.iter().map(Vec::as_slice)) {
+            Ok(read) => read,
+            // Left in the slot, and said at each read: nothing is skipped unread.
+            Err(e) => return self.failed("reading the log's slot", QueueError::Failed(e.to_string())),
+        };
+        let Some(end) = read.end else { return Ok(()) };
+        let routes = if read.events.is_empty() {
+            Vec::new()
+        } else {
+            match self.queue.log_route(&EventColumns::new(&read.events)) {
+                Ok(routes) => routes,
+                Err(e) => return self.failed("routing the events read from the log", e),
+            }
+        };
+        // An endpoint made since the relay last read them would go to the table path.
+        if routes.iter().any(|route| route.body.is_some() && !self.endpoints.knows(&route.endpoint)) {
+            self.read_endpoints()?;
+        }
+        let endpoints = &self.endpoints;
+        self.log.batch = Some(LogBatch::new(read.events, end, routes, |name| endpoints.sendable(name)));
+        Ok(())
+    }
+
+    /// The lease on reading the slot, taken or renewed; a slot found missing or lost is made
+    /// again first and what it may have held recovered into the table path. `None` while
+    /// another relay reads it.
+    fn lease_log(&mut self, timers: &mut Timers) -> Result<Option<i64>, Ended> {
+        let lease = match self.queue.log_lease(self.log.fence, self.settings.lease) {
+            Ok(Some(lease)) => lease,
+            Ok(None) => {
+                self.log.fence = 0;
+                return Ok(None);
+            }
+            Err(e) => return self.failed("taking the lease on the log", e).map(|()| None),
+        };
+        if lease.fence != self.log.fence {
+            self.log.starts = ReadStarts::default();
+            self.log.fence = lease.fence;
+        }
+        self.log.renew_at = Instant::now() + self.settings.lease / 2;
+        if !lease.slot_ready {
+            if let Err(e) = self.queue.log_make_slot(lease.fence) {
+                return self.failed("making the log's slot", e).map(|()| None);
+            }
+            match self.queue.log_recover(lease.fence) {
+                Ok(recovered) => {
+                    let text = format!("made the log's slot; {recovered} deliveries of events it did not hold copied into the table");
+                    self.report.log(Level::Log, &text);
+                    timers.claim_due = true;
+                }
+                Err(e) => return self.failed("recovering the events of the log's slot", e).map(|()| None),
+            }
+        }
+        Ok(Some(lease.fence))
+    }
+
+    fn start_log_deliveries(&mut self) {
+        let Some(batch) = self.log.batch.as_mut() else { return };
+        let (endpoints, sender, settings) = (&self.endpoints, &mut self.sender, &self.settings);
+        batch.start(|event| match endpoints.target(&event.endpoint) {
+            Some(target) if endpoints.has_room(&event.endpoint, sender, settings) => {
+                sender.send(&target, event);
+                Start::Started
+            }
+            Some(_) => Start::NoRoom(event),
+            None => Start::Unsendable(event),
+        });
+        self.report.in_flight(self.sender.in_flight());
+    }
+
+    /// Once every delivery of the read on its way is acknowledged or failed: copies into the
+    /// table path what goes there, then confirms the slot up to the read's end. Whether it
+    /// copied any, if it confirmed.
+    fn confirm_log_if_done(&mut self) -> Result<Option<bool>, Ended> {
+        let Some(mut batch) = self.log.batch.take() else { return Ok(None) };
+        if !batch.is_done() {
+            self.log.batch = Some(batch);
+            return Ok(None);
+        }
+        let copied = !batch.deferrals.is_empty();
+        if copied {
+            if let Err(e) = self.queue.log_defer(&batch.deferrals) {
+                self.log.batch = Some(batch);
+                return self.failed("copying deliveries read from the log into the table", e).map(|()| None);
+            }
+            batch.deferrals = Deferrals::default();
+        }
+        let oldest = self.log.starts.oldest_for(batch.end);
+        match self.queue.log_confirm(self.log.fence, batch.end, oldest) {
+            Ok(true) => Ok(Some(copied)),
+            Ok(false) => {
+                self.report.log(Level::Warning, "another relay reads the log now; this one's last read may be sent again");
+                self.log.fence = 0;
+                Ok(None)
+            }
+            Err(e) => {
+                self.log.batch = Some(batch);
+                self.failed("confirming the log's slot", e).map(|()| None)
+            }
+        }
+    }
+
     /// Reads the webhook endpoints, after disabling those that have failed for longer than
     /// `endpoint_disable_after`. Done at each poll and reload, not at each commit's wakeup:
     /// endpoint changes reach the relay within a poll interval, while the claim itself leaves
@@ -299,6 +459,12 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
     fn record_finished(&mut self, finished: Vec<Attempt>) -> Result<bool, Ended> {
         self.report.finished(&finished);
         self.report.in_flight(self.sender.in_flight());
+        let (from_log, finished): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| a.fence == LOG_FENCE);
+        if let Some(batch) = self.log.batch.as_mut() {
+            for attempt in &from_log {
+                batch.finished(attempt, retry_delay(attempt.attempts, attempt.outcome.retry_after(), fastrand::f64()));
+            }
+        }
         let (delivered, failed): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| a.outcome == Outcome::Delivered);
         self.unrecorded_acks.extend(delivered.into_iter().map(|a| (a.endpoint, a.id, a.fence)));
         let mut released = false;
@@ -331,16 +497,24 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
     /// Deletes one batch of deliveries sent longer ago than `retention` or dead longer than
     /// `dead_retention`, and the events they leave behind; returns when to run again: at once
     /// while there is more, after a pause once caught up.
+    /// Log mode's retention comes with it: the log's partitions read and confirmed are
+    /// dropped, and those of the next hours made.
     fn delete_expired(&mut self) -> Result<Instant, Ended> {
-        let (retention, dead_retention) = (self.settings.retention, self.settings.dead_retention);
-        if !self.runs_retention || (retention.is_none() && dead_retention.is_none()) {
+        if !self.runs_retention {
             return Ok(Instant::now() + RETENTION_PAUSE);
         }
-        match self.queue.delete_expired(retention, dead_retention, RETENTION_BATCH) {
-            Ok(deleted) if deleted >= RETENTION_BATCH => Ok(Instant::now()),
-            Ok(_) => Ok(Instant::now() + RETENTION_PAUSE),
-            Err(e) => self.failed("deleting expired events", e).map(|()| Instant::now() + RETENTION_PAUSE),
+        let (retention, dead_retention) = (self.settings.retention, self.settings.dead_retention);
+        if retention.is_some() || dead_retention.is_some() {
+            match self.queue.delete_expired(retention, dead_retention, RETENTION_BATCH) {
+                Ok(deleted) if deleted >= RETENTION_BATCH => return Ok(Instant::now()),
+                Ok(_) => {}
+                Err(e) => self.failed("deleting expired events", e)?,
+            }
         }
+        if let Err(e) = self.queue.log_maintain() {
+            self.failed("making and dropping the log's partitions", e)?;
+        }
+        Ok(Instant::now() + RETENTION_PAUSE)
     }
 
     /// After a statement failed: if the outbox is gone, end the loop; otherwise log the
@@ -370,10 +544,16 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
                 return;
             }
         }
+        // What the log's last read delivered is not sent again by the next reader, which need
+        // not wait for this one's lease to run out.
+        let _ = self.confirm_log_if_done();
+        if self.log.fence != 0 {
+            let _ = self.queue.log_lease(self.log.fence, Duration::ZERO);
+        }
         let abandoned = self.sender.in_flight();
         if abandoned > 0 {
             self.report.log(Level::Log, &format!("stopping with {abandoned} requests in flight; their leases will return them"));
-            let attempts: AttemptColumns = self.sender.in_flight_attempts().collect();
+            let attempts: AttemptColumns = self.sender.in_flight_attempts().filter(|(_, _, fence)| *fence != LOG_FENCE).collect();
             if let Err(e) = self.queue.uncount_abandoned(&attempts) {
                 self.report.log(Level::Warning, &format!("the abandoned attempts still count: {e}"));
             }

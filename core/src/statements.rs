@@ -26,6 +26,23 @@ pub const SEQUENCE: &str = "SELECT @extschema@.outbox_sequence(name) FROM unnest
 /// restore (which leaves the row out).
 pub const ENDPOINTS_VERSION: &str = "SELECT coalesce((SELECT version FROM @extschema@.outbox_endpoints_version), 0)";
 
+/// Log mode (sql/log.sql): the reader's lease, with the slot's state.
+pub const LOG_LEASE: &str = "SELECT reader_fence, slot_state FROM @extschema@.outbox_log_lease($1, $2)";
+/// Log mode: makes a missing or lost slot again.
+pub const LOG_MAKE_SLOT: &str = "SELECT @extschema@.outbox_log_make_slot($1)";
+/// Log mode: copies what a lost slot may have held into the table path.
+pub const LOG_RECOVER: &str = "SELECT @extschema@.outbox_log_recover($1)";
+/// Log mode: the slot's next changes.
+pub const LOG_READ: &str = "SELECT data, xmin, began_at FROM @extschema@.outbox_log_read($1, $2)";
+/// Log mode: where the events read go.
+pub const LOG_ROUTE: &str = "SELECT event, endpoint, body FROM @extschema@.outbox_log_route($1, $2, $3, $4)";
+/// Log mode: deliveries copied into the table path.
+pub const LOG_DEFER: &str = "SELECT @extschema@.outbox_log_defer($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+/// Log mode: the slot let go of what was delivered.
+pub const LOG_CONFIRM: &str = "SELECT @extschema@.outbox_log_confirm($1, $2, $3)";
+/// Log mode: the log's partitions made ahead and dropped once read.
+pub const LOG_MAINTAIN: &str = "SELECT @extschema@.outbox_log_maintain()";
+
 /// The settings every relay statement runs with, each with why: the worker sets them for its
 /// session, the `outbox` process for each transaction (a pooler may hand it another session).
 pub const SESSION_SETTINGS: [(&str, &str); 8] = [

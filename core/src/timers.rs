@@ -13,6 +13,11 @@ pub struct Timers {
     /// The poll or a reload happened since the endpoints were last read: read them again even
     /// if none of those read last could take a claim (one may have been fixed or added).
     pub endpoints_stale: bool,
+    /// Log mode: read the slot (the poll, or the last read was full).
+    pub log_due: bool,
+    /// Log mode: a commit woke the worker, which reads the slot if it holds the lease on it
+    /// (others try at the poll, so that a commit costs a relay in table mode nothing more).
+    pub log_woken: bool,
     next_poll: Instant,
     pub next_cleanup: Instant,
 }
@@ -25,7 +30,14 @@ impl Default for Timers {
 
 impl Timers {
     pub fn new() -> Timers {
-        Timers { claim_due: true, endpoints_stale: true, next_poll: Instant::now(), next_cleanup: Instant::now() }
+        Timers {
+            claim_due: true,
+            endpoints_stale: true,
+            log_due: true,
+            log_woken: false,
+            next_poll: Instant::now(),
+            next_cleanup: Instant::now(),
+        }
     }
 
     /// New settings may enable delivery, or shorten the retention or the poll interval (a
@@ -33,6 +45,7 @@ impl Timers {
     pub fn after_reload(&mut self, poll_interval: Duration) {
         self.claim_due = true;
         self.endpoints_stale = true;
+        self.log_due = true;
         self.next_cleanup = Instant::now();
         self.next_poll = self.next_poll.min(Instant::now() + poll_interval);
     }
@@ -49,7 +62,7 @@ impl Timers {
     /// How long to wait: not at all while a claim is due and possible; else until the next
     /// poll, retention pass or retry of unrecorded acknowledgements.
     pub fn sleep(&self, can_claim: bool, acks_waiting: bool) -> Duration {
-        if self.claim_due && can_claim {
+        if (self.claim_due && can_claim) || self.log_due {
             return Duration::ZERO;
         }
         let now = Instant::now();
@@ -66,12 +79,14 @@ impl Timers {
         if now >= self.next_poll {
             self.claim_due = true;
             self.endpoints_stale = true;
+            self.log_due = true;
             self.next_poll = now + poll_interval;
         }
         // Not endpoints_stale: a busy database commits thousands of times a second, and each
         // commit wakes the workers that can claim; endpoint changes are picked up at the next
         // poll.
         self.claim_due |= latch;
+        self.log_woken |= latch;
     }
 }
 
@@ -90,14 +105,17 @@ mod tests {
     fn after_a_claim_that_was_not_full_the_loop_sleeps_until_the_poll() {
         let mut timers = Timers::new();
         timers.next_cleanup = Instant::now() + Duration::from_secs(3600);
-        // The first claim reads the endpoints (the loop takes endpoints_stale) and is not full.
+        // The first claim reads the endpoints (the loop takes endpoints_stale) and is not full;
+        // the first read of the log (which takes log_due) found nothing.
         timers.endpoints_stale = false;
+        timers.log_due = false;
         timers.after_claim(false, Duration::from_secs(60));
         let sleep = timers.sleep(true, false);
         assert!(sleep > Duration::from_secs(59) && sleep <= Duration::from_secs(60), "{sleep:?}");
         assert!(timers.sleep(true, true) <= ACK_RETRY, "acknowledgements to record are retried sooner");
         timers.after_wait(true, Duration::from_secs(60));
         assert!(timers.claim_due && !timers.endpoints_stale, "a commit's wakeup claims without reading the endpoints");
+        assert!(timers.log_woken && !timers.log_due, "and reads the log if it holds its lease");
     }
 
     #[test]
@@ -106,6 +124,7 @@ mod tests {
         timers.after_claim(false, Duration::from_secs(3600));
         timers.after_reload(Duration::from_secs(1));
         timers.claim_due = false;
+        timers.log_due = false;
         timers.next_cleanup = Instant::now() + Duration::from_secs(3600);
         assert!(timers.sleep(true, false) <= Duration::from_secs(1));
     }

@@ -10,12 +10,14 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
 use outbox_core::endpoints::EndpointRow;
+use outbox_core::log::batch::{Deferrals, EventColumns, Route};
 use outbox_core::queue::{
-    millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, Queue, QueueError,
+    millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, LogLease, LogRows, Queue, QueueError,
 };
 use outbox_core::statements::{
-    CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, MARK_SENT,
-    NOTE_UNUSABLE_ENDPOINTS, RECORD_FAILURES, SEQUENCE, SESSION_SETTINGS, UNCOUNT_ABANDONED,
+    CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, LOG_CONFIRM,
+    LOG_DEFER, LOG_LEASE, LOG_MAINTAIN, LOG_MAKE_SLOT, LOG_READ, LOG_RECOVER, LOG_ROUTE, MARK_SENT, NOTE_UNUSABLE_ENDPOINTS,
+    RECORD_FAILURES, SEQUENCE, SESSION_SETTINGS, UNCOUNT_ABANDONED,
 };
 
 /// The worker's statements, with the extension's tables named by their schema. Those run for
@@ -34,6 +36,19 @@ pub struct Queries {
     delete_expired: String,
     delete_emptied_events: String,
     uncount_abandoned: String,
+    log: LogStatements,
+}
+
+/// Log mode's statements (sql/log.sql), run once per read of the slot: planned each time.
+struct LogStatements {
+    lease: String,
+    make_slot: String,
+    recover: String,
+    read: String,
+    route: String,
+    defer: String,
+    confirm: String,
+    maintain: String,
 }
 
 /// The statements for `installation`, prepared in a transaction of their own.
@@ -81,6 +96,16 @@ pub fn prepare(installation: Installation) -> Result<Queries, TransactionError> 
         delete_expired: installation.qualify(DELETE_EXPIRED),
         delete_emptied_events: installation.qualify(DELETE_EMPTIED_EVENTS),
         uncount_abandoned: installation.qualify(UNCOUNT_ABANDONED),
+        log: LogStatements {
+            lease: installation.qualify(LOG_LEASE),
+            make_slot: installation.qualify(LOG_MAKE_SLOT),
+            recover: installation.qualify(LOG_RECOVER),
+            read: installation.qualify(LOG_READ),
+            route: installation.qualify(LOG_ROUTE),
+            defer: installation.qualify(LOG_DEFER),
+            confirm: installation.qualify(LOG_CONFIRM),
+            maintain: installation.qualify(LOG_MAINTAIN),
+        },
         installation,
     })
 }
@@ -307,5 +332,108 @@ impl Queue for Queries {
             })
         });
         deleted.map_err(|e| self.failure(e))
+    }
+
+    fn log_lease(&mut self, fence: i64, lease: Duration) -> Result<Option<LogLease>, QueueError> {
+        let leased = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                let rows = client.update(self.log.lease.as_str(), None, &[fence.into(), millis(lease).into()])?;
+                if rows.is_empty() {
+                    return Ok(None);
+                }
+                let (fence, state) = rows.first().get_two::<i64, String>()?;
+                Ok(fence.map(|fence| LogLease { fence, slot_ready: state.as_deref() == Some("ready") }))
+            })
+        });
+        leased.map_err(|e| self.failure(e))
+    }
+
+    /// `select`, not `update`: pgrx gives the transaction an id before an update, and a slot
+    /// cannot be made (nor, to be safe, read) in a transaction that has one.
+    fn log_make_slot(&mut self, fence: i64) -> Result<bool, QueueError> {
+        let made = transaction::run(|| {
+            Spi::connect(|client| Ok(client.select(self.log.make_slot.as_str(), None, &[fence.into()])?.first().get_one::<bool>()?))
+        });
+        made.map(|made| made.unwrap_or(false)).map_err(|e| self.failure(e))
+    }
+
+    fn log_recover(&mut self, fence: i64) -> Result<i64, QueueError> {
+        let made = transaction::run(|| {
+            Spi::connect_mut(|client| Ok(client.update(self.log.recover.as_str(), None, &[fence.into()])?.first().get_one::<i64>()?))
+        });
+        made.map(|made| made.unwrap_or(0)).map_err(|e| self.failure(e))
+    }
+
+    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<LogRows, QueueError> {
+        let read = transaction::run(|| {
+            Spi::connect(|client| {
+                let mut read = LogRows::default();
+                for row in client.select(self.log.read.as_str(), None, &[fence.into(), max_changes.into()])? {
+                    if read.messages.is_empty() {
+                        read.oldest = row.get(2)?.unwrap_or(0);
+                        read.began_at = row.get(3)?.unwrap_or(0);
+                    }
+                    read.messages.push(row.get::<Vec<u8>>(1)?.unwrap_or_default());
+                }
+                Ok(read)
+            })
+        });
+        read.map_err(|e| self.failure(e))
+    }
+
+    fn log_route(&mut self, events: &EventColumns) -> Result<Vec<Route>, QueueError> {
+        let routes = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                let args = [
+                    events.topics.clone().into(),
+                    events.keys.clone().into(),
+                    events.payloads.clone().into(),
+                    events.created.clone().into(),
+                ];
+                let mut routes = Vec::new();
+                for row in client.update(self.log.route.as_str(), None, &args)? {
+                    routes.push(Route { event: row.get(1)?.unwrap_or(0), endpoint: row.get(2)?.unwrap_or_default(), body: row.get(3)? });
+                }
+                Ok(routes)
+            })
+        });
+        routes.map_err(|e| self.failure(e))
+    }
+
+    fn log_defer(&mut self, deferrals: &Deferrals) -> Result<i64, QueueError> {
+        let made = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                let args = [
+                    deferrals.ids.clone().into(),
+                    deferrals.topics.clone().into(),
+                    deferrals.payloads.clone().into(),
+                    deferrals.keys.clone().into(),
+                    deferrals.created.clone().into(),
+                    deferrals.endpoints.clone().into(),
+                    deferrals.attempts.clone().into(),
+                    deferrals.errors.clone().into(),
+                    deferrals.due_in_ms.clone().into(),
+                ];
+                Ok(client.update(self.log.defer.as_str(), None, &args)?.first().get_one::<i64>()?)
+            })
+        });
+        made.map(|made| made.unwrap_or(0)).map_err(|e| self.failure(e))
+    }
+
+    fn log_confirm(&mut self, fence: i64, end: u64, oldest: i64) -> Result<bool, QueueError> {
+        let confirmed = transaction::run(|| {
+            Spi::connect_mut(|client| {
+                let args = [fence.into(), (end as i64).into(), oldest.into()];
+                Ok(client.update(self.log.confirm.as_str(), None, &args)?.first().get_one::<bool>()?)
+            })
+        });
+        confirmed.map(|confirmed| confirmed.unwrap_or(false)).map_err(|e| self.failure(e))
+    }
+
+    fn log_maintain(&mut self) -> Result<i32, QueueError> {
+        let changed = transaction::run(|| {
+            Spi::connect_mut(|client| Ok(client.update(self.log.maintain.as_str(), None, &[])?.first().get_one::<i32>()?))
+        });
+        changed.map(|changed| changed.unwrap_or(0)).map_err(|e| self.failure(e))
     }
 }

@@ -47,6 +47,14 @@ pub fn run<T>(body: impl FnOnce() -> Result<T, SpiError> + std::panic::UnwindSaf
         // the transaction's locks, snapshots, SPI state and memory, and leaves the worker in
         // TopMemoryContext with no transaction, as before the call.
         unsafe { pg_sys::AbortCurrentTransaction() };
+        // SAFETY: as PostgresMain does after an ERROR, which aborting leaves to it: a slot
+        // this worker was making or reading (log mode) is let go, and a half-made one dropped.
+        unsafe {
+            if !pg_sys::MyReplicationSlot.is_null() {
+                pg_sys::ReplicationSlotRelease();
+            }
+            pg_sys::ReplicationSlotCleanup();
+        }
     }
     result
 }

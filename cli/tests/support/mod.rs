@@ -31,6 +31,8 @@ pub fn connect(user: &str, database: &str) -> Client {
 /// it (it runs the relay), `app` with nothing (the recipes grant it what it needs).
 pub fn fresh_database(name: &str) -> Client {
     let mut admin = connect("postgres", "postgres");
+    // A log-mode test leaves its slot, which keeps the database from being dropped.
+    admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1", &[&name]).unwrap();
     admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
     admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
     for role in ["outbox_owner", "outbox_relay", "app"] {

@@ -1,6 +1,7 @@
 //! Log mode: events read back from the logical replication slot (sql/log.sql), as
 //! `outbox_log_read` returns its pgoutput messages.
 
+pub mod batch;
 pub mod pgoutput;
 
 use std::collections::HashMap;

@@ -1,0 +1,74 @@
+//! Log mode with `outbox relay` and the SQL install, as on a managed server: the relay makes
+//! the slot, delivers what it reads there and writes nothing for an acknowledged delivery;
+//! a slot dropped while the relay was away is made again and what it held is delivered.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{connect, fresh_database, migrate, url, wait_until, Receiver, Relay};
+
+fn count(db: &mut postgres::Client, sql: &str) -> i64 {
+    db.query_one(sql, &[]).unwrap().get(0)
+}
+
+#[test]
+fn the_relay_delivers_from_the_slot_and_after_a_dropped_slot_delivers_what_it_held() {
+    let mut db = fresh_database("outbox_t_log");
+    // What rds_replication gives on Amazon RDS: the owner's functions make and read the slot.
+    db.batch_execute("ALTER ROLE outbox_owner REPLICATION").unwrap();
+    migrate("outbox_t_log", &[]);
+    let receiver = Receiver::start();
+    let mut owner = connect("outbox_owner", "outbox_t_log");
+    owner
+        .batch_execute(&format!(
+            "SELECT outbox.outbox_endpoint_set('default', '{}');
+             SELECT outbox.outbox_set_mode('log');
+             GRANT USAGE ON SCHEMA outbox TO app;
+             GRANT EXECUTE ON FUNCTION outbox.outbox_enqueue(text, jsonb, text, timestamptz) TO app;",
+            receiver.url
+        ))
+        .unwrap();
+    let relay_url = url("outbox_relay", "outbox_t_log");
+    let arguments = ["--database-url", relay_url.as_str(), "--listen-url", relay_url.as_str(), "--poll-interval", "1s"];
+    let relay = Relay::start(&arguments);
+    let made =
+        "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot WHERE NOT s.recovering";
+    wait_until("the relay makes the slot", Duration::from_secs(20), || count(&mut db, made) == 1);
+
+    let mut app = connect("app", "outbox_t_log");
+    app.batch_execute(
+        "BEGIN; SELECT outbox.outbox_enqueue('order.placed', jsonb_build_object('n', n)) FROM generate_series(1, 3) AS n; COMMIT;
+         BEGIN; SELECT outbox.outbox_enqueue('order.placed', '{\"rolled\": \"back\"}'); ROLLBACK;",
+    )
+    .unwrap();
+    wait_until("the three events are delivered", Duration::from_secs(10), || receiver.count() == 3);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM outbox.outbox_deliveries") + count(&mut db, "SELECT count(*) FROM outbox.outbox"), 0);
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
+
+    // Two events while no relay runs, then the slot is dropped (or lost with a failover).
+    app.batch_execute(
+        "SELECT outbox.outbox_enqueue('order.placed', '{\"n\": 4}'); SELECT outbox.outbox_enqueue('order.placed', '{\"n\": 5}');",
+    )
+    .unwrap();
+    db.batch_execute("SELECT pg_drop_replication_slot(slot) FROM outbox.outbox_log_state").unwrap();
+    let relay = Relay::start(&arguments);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while receiver.count() < 5 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if receiver.count() < 5 {
+        let state = count(&mut db, "SELECT count(*) FROM outbox.outbox_deliveries");
+        panic!("the two events were not recovered and delivered ({state} deliveries in the table): {}", relay.stop().1);
+    }
+    let received = receiver.received.lock().unwrap().clone();
+    assert!(received.iter().all(|(_, body)| !body.contains("rolled")), "the rolled-back event is never sent");
+    let mut ids: Vec<String> = received.into_iter().map(|(id, _)| id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 5, "each event once");
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
+    assert!(said.contains("made the log's slot"), "{said}");
+}

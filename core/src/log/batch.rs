@@ -1,0 +1,261 @@
+//! One read of the log on its way to the receivers: the deliveries still to start, how many
+//! are in flight, those to copy into the table path (routed where only it goes, or failed),
+//! and the position the slot may be confirmed at once none is left.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::LogEvent;
+use crate::delivery::{Attempt, Event, Outcome};
+
+/// The fencing token of a delivery read from the log: it has no claim, so none; a claim's is
+/// at least 1. By it the relay tells the log's attempts from the table path's.
+pub const LOG_FENCE: i32 = 0;
+
+/// A row of `outbox_log_route`: event `event` (from 1, in the read's order) goes to
+/// `endpoint`, sent now with `body`, or (no body) copied into the table path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub event: i32,
+    pub endpoint: String,
+    pub body: Option<String>,
+}
+
+/// The events of a read as `outbox_log_route` takes them, as columns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventColumns {
+    pub topics: Vec<String>,
+    pub keys: Vec<Option<String>>,
+    pub payloads: Vec<String>,
+    pub created: Vec<String>,
+}
+
+impl EventColumns {
+    pub fn new(events: &[LogEvent]) -> EventColumns {
+        EventColumns {
+            topics: events.iter().map(|e| e.topic.clone()).collect(),
+            keys: events.iter().map(|e| e.key.clone()).collect(),
+            payloads: events.iter().map(|e| e.payload.clone()).collect(),
+            created: events.iter().map(|e| e.created_at.clone()).collect(),
+        }
+    }
+}
+
+/// Deliveries copied into the table path, as `outbox_log_defer` takes them: one element per
+/// delivery, its event's columns repeated.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Deferrals {
+    pub ids: Vec<i64>,
+    pub topics: Vec<String>,
+    pub payloads: Vec<String>,
+    pub keys: Vec<Option<String>>,
+    pub created: Vec<String>,
+    pub endpoints: Vec<String>,
+    pub attempts: Vec<i32>,
+    pub errors: Vec<Option<String>>,
+    /// Milliseconds until it is due.
+    pub due_in_ms: Vec<f64>,
+}
+
+impl Deferrals {
+    fn push(&mut self, event: &LogEvent, endpoint: &str, attempts: i32, error: Option<String>, due_in: Duration) {
+        self.ids.push(event.id);
+        self.topics.push(event.topic.clone());
+        self.payloads.push(event.payload.clone());
+        self.keys.push(event.key.clone());
+        self.created.push(event.created_at.clone());
+        self.endpoints.push(endpoint.to_string());
+        self.attempts.push(attempts);
+        self.errors.push(error);
+        self.due_in_ms.push(due_in.as_secs_f64() * 1000.0);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// What became of a delivery `LogBatch::start` offered.
+pub enum Start {
+    Started,
+    NoRoom(Event),
+    Unsendable(Event),
+}
+
+pub struct LogBatch {
+    events: Vec<LogEvent>,
+    /// Where each event is in `events`, by id.
+    places: HashMap<i64, usize>,
+    /// Just past the read's last transaction.
+    pub end: u64,
+    to_start: VecDeque<Event>,
+    in_flight: usize,
+    /// Not yet written: the copies still to make.
+    pub deferrals: Deferrals,
+}
+
+impl LogBatch {
+    /// The read's `events` sent as `routes` say, to the endpoints `sendable` accepts; the rest
+    /// (and every route without a body) copied into the table path, due at once.
+    pub fn new(events: Vec<LogEvent>, end: u64, routes: Vec<Route>, sendable: impl Fn(&str) -> Option<Arc<str>>) -> LogBatch {
+        let places = events.iter().enumerate().map(|(place, e)| (e.id, place)).collect();
+        let mut batch = LogBatch { events, places, end, to_start: VecDeque::new(), in_flight: 0, deferrals: Deferrals::default() };
+        for route in routes {
+            let Some(event) = usize::try_from(route.event - 1).ok().and_then(|i| batch.events.get(i)) else { continue };
+            match (route.body, sendable(&route.endpoint)) {
+                (Some(body), Some(endpoint)) => {
+                    batch.to_start.push_back(Event { endpoint, id: event.id, attempts: 1, fence: LOG_FENCE, body: body.into() })
+                }
+                _ => batch.deferrals.push(event, &route.endpoint, 0, None, Duration::ZERO),
+            }
+        }
+        batch
+    }
+
+    /// Starts what `start` takes of the deliveries not yet started, in the read's order; what
+    /// it hands back waits for room, or (its endpoint can no longer be sent to) is copied into
+    /// the table path.
+    pub fn start(&mut self, mut start: impl FnMut(Event) -> Start) {
+        let mut waiting = VecDeque::new();
+        while let Some(event) = self.to_start.pop_front() {
+            match start(event) {
+                Start::Started => self.in_flight += 1,
+                Start::NoRoom(event) => waiting.push_back(event),
+                Start::Unsendable(event) => {
+                    if let Some(&place) = self.places.get(&event.id) {
+                        self.deferrals.push(&self.events[place], &event.endpoint, 0, None, Duration::ZERO);
+                    }
+                }
+            }
+        }
+        self.to_start = waiting;
+    }
+
+    /// An attempt of this batch finished: a failure is copied into the table path with its
+    /// error, due after `retry_in`.
+    pub fn finished(&mut self, attempt: &Attempt, retry_in: Duration) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if attempt.outcome == Outcome::Delivered {
+            return;
+        }
+        if let Some(event) = self.places.get(&attempt.id).map(|&place| &self.events[place]) {
+            self.deferrals.push(event, &attempt.endpoint, attempt.attempts, attempt.outcome.last_error(), retry_in);
+        }
+    }
+
+    /// Every delivery was acknowledged or failed: once the copies are written, the slot may be
+    /// confirmed at `end`.
+    pub fn is_done(&self) -> bool {
+        self.to_start.is_empty() && self.in_flight == 0
+    }
+}
+
+/// The oldest transaction running when each recent read began, by the WAL position then: a
+/// transaction that commits past that position is that one or newer. What the relay
+/// confirms a position with (outbox_log_confirm), so that a lost slot is recovered from it.
+#[derive(Debug, Default)]
+pub struct ReadStarts {
+    starts: VecDeque<(u64, i64)>,
+}
+
+impl ReadStarts {
+    pub fn note(&mut self, position: u64, oldest: i64) {
+        self.starts.push_back((position, oldest));
+    }
+
+    /// For a confirmation at `end`: the newest read start at or before it (0 if none, which
+    /// keeps what was confirmed before). Older ones are dropped.
+    pub fn oldest_for(&mut self, end: u64) -> i64 {
+        let mut oldest = 0;
+        while let Some(&(position, xact)) = self.starts.front() {
+            if position > end {
+                break;
+            }
+            oldest = xact;
+            self.starts.pop_front();
+        }
+        // The last one used still holds for later positions.
+        if oldest != 0 {
+            self.starts.push_front((end, oldest));
+        }
+        oldest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: i64) -> LogEvent {
+        LogEvent { id, topic: "t".into(), payload: "{}".into(), key: None, created_at: "2026-12-04 13:00:00+00".into() }
+    }
+
+    fn route(event: i32, endpoint: &str, body: Option<&str>) -> Route {
+        Route { event, endpoint: endpoint.into(), body: body.map(str::to_string) }
+    }
+
+    fn attempt(event: &Event, outcome: Outcome) -> Attempt {
+        Attempt { endpoint: event.endpoint.clone(), id: event.id, attempts: 1, fence: LOG_FENCE, outcome, took: Duration::ZERO }
+    }
+
+    #[test]
+    fn routes_with_a_body_are_sent_the_rest_copied_and_failures_copied_with_their_error() {
+        let routes = vec![route(1, "hook", Some("b1")), route(1, "jobs", None), route(2, "hook", Some("b2")), route(2, "gone", Some("b"))];
+        let sendable = |name: &str| (name == "hook").then(|| Arc::from(name));
+        let mut batch = LogBatch::new(vec![event(10), event(11)], 99, routes, sendable);
+        assert_eq!(batch.deferrals.endpoints, ["jobs", "gone"], "a pull endpoint's, and one the relay cannot send to");
+        assert_eq!(batch.deferrals.ids, [10, 11]);
+        batch.deferrals = Deferrals::default();
+
+        let mut started = Vec::new();
+        batch.start(|event| {
+            started.push(event);
+            Start::Started
+        });
+        assert_eq!(started.iter().map(|e| (e.id, e.fence)).collect::<Vec<_>>(), [(10, LOG_FENCE), (11, LOG_FENCE)]);
+        assert!(!batch.is_done());
+        batch.finished(&attempt(&started[0], Outcome::Delivered), Duration::from_secs(1));
+        assert!(batch.deferrals.is_empty(), "an acknowledged delivery writes nothing");
+        batch.finished(
+            &attempt(&started[1], Outcome::Rejected { status: 503, retry_after: None, response: String::new() }),
+            Duration::from_secs(2),
+        );
+        assert!(batch.is_done());
+        assert_eq!((batch.deferrals.ids.as_slice(), batch.deferrals.attempts.as_slice()), ([11].as_slice(), [1].as_slice()));
+        assert_eq!(batch.deferrals.due_in_ms, [2000.0]);
+        assert!(batch.deferrals.errors[0].as_deref().is_some_and(|e| e.contains("503")));
+    }
+
+    #[test]
+    fn deliveries_wait_for_room_in_the_read_order_and_one_no_longer_sendable_is_copied() {
+        let routes = (1..=3).map(|n| route(n, "hook", Some("b"))).collect();
+        let mut batch = LogBatch::new(vec![event(1), event(2), event(3)], 9, routes, |name| Some(Arc::from(name)));
+        let mut started = Vec::new();
+        batch.start(|event| match event.id {
+            1 => {
+                started.push(event.id);
+                Start::Started
+            }
+            2 => Start::Unsendable(event),
+            _ => Start::NoRoom(event),
+        });
+        assert_eq!((started.as_slice(), batch.deferrals.ids.as_slice()), ([1].as_slice(), [2].as_slice()));
+        batch.start(|event| {
+            started.push(event.id);
+            Start::Started
+        });
+        assert_eq!(started, [1, 3]);
+    }
+
+    #[test]
+    fn a_position_is_confirmed_with_the_newest_read_that_began_at_or_before_it() {
+        let mut starts = ReadStarts::default();
+        starts.note(100, 7);
+        starts.note(300, 9);
+        assert_eq!(starts.oldest_for(50), 0, "no read began that early: keep what was confirmed");
+        assert_eq!(starts.oldest_for(200), 7);
+        assert_eq!(starts.oldest_for(250), 7);
+        assert_eq!(starts.oldest_for(300), 9);
+    }
+}
