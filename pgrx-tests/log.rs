@@ -18,7 +18,7 @@ fn lease(db: &mut Db) -> Option<(i64, String)> {
 /// Reads what the slot holds, and the oldest transaction running when the read began.
 fn read(db: &mut Db, fence: i64) -> (LogRead, i64) {
     let rows = db.client.query("SELECT data, xmin FROM outbox_log_read($1, 10000)", &[&fence]).expect("read");
-    let messages: Vec<Vec<u8>> = rows.iter().map(|row| row.get(0)).collect();
+    let messages: Vec<Vec<u8>> = rows.iter().filter_map(|row| row.get(0)).collect();
     let oldest = rows.first().map_or(0, |row| row.get(1));
     (read_events(messages.iter().map(Vec::as_slice)).expect("pgoutput messages of outbox_log"), oldest)
 }
@@ -231,11 +231,11 @@ fn the_workers_deliver_from_the_slot_signed_once_each_and_record_nothing_for_an_
     // (The endpoint default, which takes every topic and has no URL here, keeps its copies in
     // the table path, where they wait as in table mode.)
     assert_eq!(db.count_to("log-fast", "true"), 0, "an acknowledged delivery read from the log writes no row");
-    db.wait_for("the slot is confirmed past them", Duration::from_secs(10), |db| {
-        db.value::<bool>(
-            "SELECT s.confirmed_flush_lsn >= pg_current_wal_lsn() - 1000000 AND l.confirmed_lsn IS NOT NULL
-               FROM pg_replication_slots AS s JOIN outbox_log_state AS l ON s.slot_name = l.slot",
-        )
+    // Other tables' writes: the relay confirms past them too, so the slot keeps no WAL for them.
+    db.execute("CREATE TABLE log_other (n int); INSERT INTO log_other SELECT generate_series(1, 100000); DROP TABLE log_other");
+    assert!(db.value::<i64>("SELECT lag_bytes FROM outbox_log_lag()") > 1_000_000);
+    db.wait_for("the slot is confirmed up to now", Duration::from_secs(10), |db| {
+        db.value::<bool>("SELECT slot_state = 'ready' AND lag_bytes < 100000 AND lag_seconds < 5 FROM outbox_log_lag()")
     });
     leave_log_mode(&mut db);
     db.execute("SELECT outbox_endpoint_drop('log-fast')");
@@ -264,4 +264,37 @@ fn a_failing_endpoint_goes_on_in_the_table_path_and_holds_back_neither_the_slot_
     });
     leave_log_mode(&mut db);
     db.execute("SELECT outbox_endpoint_drop(n) FROM unnest(ARRAY['log-healthy', 'log-failing']) AS n");
+}
+
+#[test]
+fn the_log_keeps_partitions_for_the_next_hours_and_drops_those_read_and_confirmed() {
+    let mut db = db();
+    let fence = enter_log_mode(&mut db);
+    let ahead = "SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_log'::regclass
+                   AND pg_get_expr((SELECT relpartbound FROM pg_class WHERE oid = inhrelid), inhrelid) LIKE 'FOR VALUES%'
+                   AND inhrelid::regclass::text > 'outbox_log_' || to_char(now(), 'YYYYMMDD\"h\"HH24')";
+    assert_eq!(db.value::<i64>(ahead), 5, "the next five hours beside this one");
+    // An hour long past, with an event the relay has not confirmed yet, and one in the default
+    // partition (an hour no partition was made for).
+    db.execute(
+        "CREATE TABLE outbox_log_past PARTITION OF outbox_log
+           FOR VALUES FROM (date_trunc('hour', now()) - interval '3 hours') TO (date_trunc('hour', now()) - interval '2 hours');
+         INSERT INTO outbox_log (id, topic, payload, created_at) VALUES (nextval('outbox_id_seq'), 'old', '{}', now() - interval '170 minutes'),
+                                                                       (nextval('outbox_id_seq'), 'old', '{}', now() - interval '1 day');",
+    );
+    db.execute("SELECT outbox_log_maintain()");
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_log WHERE topic = 'old'"), 2, "not confirmed yet: kept");
+
+    db.enqueue("log.later", "{}");
+    let (log, oldest) = read(&mut db, fence);
+    assert!(confirm(&mut db, fence, &log, oldest));
+    db.execute("SELECT outbox_log_maintain()");
+    assert_eq!(
+        db.value::<Option<String>>("SELECT to_regclass('outbox_log_past')::text"),
+        None,
+        "the past hour's partition is dropped whole"
+    );
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_log WHERE topic = 'old'"), 0, "the default partition is emptied");
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_log WHERE topic = 'log.later'"), 1, "this hour's is kept");
+    leave_log_mode(&mut db);
 }

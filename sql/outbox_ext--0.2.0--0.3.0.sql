@@ -1289,6 +1289,8 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_skip_dead(text, text, text, timestampt
 -- the events of every transaction from it on are delivered again from outbox_log.
 -- reader_fence and reader_until are the lease of the one relay that reads the slot.
 -- recovering: the slot was made again, and what it did not hold is not yet recovered.
+-- confirmed_at: when the relay last confirmed, which it does after each read (an empty one
+-- too, so that the slot keeps no WAL of other tables' writes): the slot's lag in time.
 CREATE TABLE @extschema@.outbox_log_state (
     one           boolean     PRIMARY KEY DEFAULT true CHECK (one),
     enabled       boolean     NOT NULL DEFAULT false,
@@ -1298,7 +1300,8 @@ CREATE TABLE @extschema@.outbox_log_state (
     recover_from  xid8,
     reader_fence  bigint      NOT NULL DEFAULT 0,
     reader_until  timestamptz,
-    recovering    boolean     NOT NULL DEFAULT false
+    recovering    boolean     NOT NULL DEFAULT false,
+    confirmed_at  timestamptz
 );
 
 COMMENT ON TABLE @extschema@.outbox_log_state IS 'Log mode: whether it is on (outbox_set_mode()), the slot the relay reads, its confirmed position and the reader''s lease.';
@@ -1549,7 +1552,7 @@ DECLARE
     position pg_lsn := '0/0'::pg_lsn + reached::numeric;
 BEGIN
     UPDATE @extschema@.outbox_log_state AS s
-       SET confirmed_lsn = position, recover_from = greatest(s.recover_from, oldest::text::xid8)
+       SET confirmed_lsn = position, recover_from = greatest(s.recover_from, oldest::text::xid8), confirmed_at = clock_timestamp()
      WHERE s.reader_fence = outbox_log_confirm.fence
     RETURNING s.slot INTO slot;
     IF NOT FOUND THEN
@@ -1597,10 +1600,11 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_make_slot(bigint) FROM PUBLIC;
 
 -- Up to about max_changes changes from the slot, from its confirmed position on, without
 -- consuming them (outbox_log_confirm does, once they are delivered): pgoutput messages (begin,
--- relation, insert, commit) of whole transactions, each with its position. Every row also
--- carries read_from: the oldest transaction running when this read began, and the WAL
--- position then (both as numbers), which outbox_log_confirm takes as xmin for a position at
--- or past it. Only the relay that holds the lease reads; any other gets no rows.
+-- relation, insert, commit) of whole transactions, each with its position. The first row has
+-- no message: its xmin and began_at are the oldest transaction running when this read began
+-- and the WAL position then (as numbers), which outbox_log_confirm takes as oldest for a
+-- position at or past it, and where a read that found nothing confirms. Only the relay that
+-- holds the lease reads; any other gets no rows.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read(fence bigint, max_changes integer)
 RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint)
 LANGUAGE plpgsql
@@ -1616,6 +1620,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    RETURN QUERY SELECT NULL::bigint, NULL::bytea, oldest, position;
     RETURN QUERY
     SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, oldest, position
       FROM pg_logical_slot_peek_binary_changes(state.slot, NULL, max_changes,
@@ -1650,3 +1655,24 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_route(text[], text[], text[], text[]) FROM PUBLIC;
+
+-- How far the relay is behind in log mode, for monitoring: the WAL the slot keeps past its
+-- confirmed position (bytes) and how long ago the relay last confirmed (seconds); a relay
+-- that keeps up confirms after every read. No row in table mode, before log mode was ever on.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_lag()
+RETURNS TABLE (slot name, slot_state text, lag_bytes bigint, lag_seconds double precision)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT s.slot,
+           CASE WHEN r.slot_name IS NULL THEN 'missing' WHEN r.wal_status = 'lost' THEN 'lost' ELSE 'ready' END,
+           coalesce((pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint, 0),
+           coalesce(extract(epoch FROM now() - s.confirmed_at)::double precision, 0)
+      FROM @extschema@.outbox_log_state AS s
+      LEFT JOIN pg_replication_slots AS r ON r.slot_name = s.slot
+     WHERE s.enabled OR s.recover_from IS NOT NULL
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_lag() FROM PUBLIC;

@@ -365,7 +365,7 @@ impl Queue for ClientQueue {
         let statement = self.statements.log_read.clone();
         let rows = self.autocommit(&statement, &[(&fence, Type::INT8), (&max_changes, Type::INT4)])?;
         let (oldest, began_at) = rows.first().map_or((0, 0), |row| (row.get(1), row.get(2)));
-        Ok(LogRows { messages: rows.iter().map(|row| row.get(0)).collect(), oldest, began_at })
+        Ok(LogRows { messages: rows.iter().filter_map(|row| row.get(0)).collect(), oldest, began_at })
     }
 
     fn log_route(&mut self, events: &EventColumns) -> Result<Vec<Route>, QueueError> {

@@ -76,8 +76,8 @@ pub struct LogLease {
     pub slot_ready: bool,
 }
 
-/// What `log_read` returned: the pgoutput messages, and (with the first of them) the oldest
-/// transaction running when the read began and the WAL position then.
+/// What `log_read` returned: the pgoutput messages, the oldest transaction running when the
+/// read began and the WAL position then.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogRows {
     pub messages: Vec<Vec<u8>>,

@@ -319,15 +319,19 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             Err(e) => return self.failed("reading the log's slot", e),
         };
         self.log.full = rows.messages.len() >= LOG_READ_CHANGES as usize;
-        if !rows.messages.is_empty() {
-            self.log.starts.note(rows.began_at as u64, rows.oldest);
-        }
+        self.log.starts.note(rows.began_at as u64, rows.oldest);
         let read = match read_events(rows.messages.iter().map(Vec::as_slice)) {
             Ok(read) => read,
             // Left in the slot, and said at each read: nothing is skipped unread.
             Err(e) => return self.failed("reading the log's slot", QueueError::Failed(e.to_string())),
         };
-        let Some(end) = read.end else { return Ok(()) };
+        let Some(end) = read.end else {
+            // Nothing committed in the log: the slot keeps no WAL of other tables up to here.
+            if let Err(e) = self.queue.log_confirm(fence, rows.began_at as u64, rows.oldest) {
+                self.failed("confirming the log's slot", e)?;
+            }
+            return Ok(());
+        };
         let routes = if read.events.is_empty() {
             Vec::new()
         } else {

@@ -369,11 +369,11 @@ impl Queue for Queries {
             Spi::connect(|client| {
                 let mut read = LogRows::default();
                 for row in client.select(self.log.read.as_str(), None, &[fence.into(), max_changes.into()])? {
-                    if read.messages.is_empty() {
-                        read.oldest = row.get(2)?.unwrap_or(0);
-                        read.began_at = row.get(3)?.unwrap_or(0);
+                    match row.get::<Vec<u8>>(1)? {
+                        Some(message) => read.messages.push(message),
+                        // The first row: where the read began.
+                        None => (read.oldest, read.began_at) = (row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0)),
                     }
-                    read.messages.push(row.get::<Vec<u8>>(1)?.unwrap_or_default());
                 }
                 Ok(read)
             })
