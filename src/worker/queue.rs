@@ -420,6 +420,9 @@ impl Queue for Queries {
         made.map(|made| made.unwrap_or(0)).map_err(|e| self.failure(e))
     }
 
+    /// Then logs the running transactions, as the bgwriter does every 15 s: each read decodes
+    /// the WAL from the slot's restart position, which moves up only past such a record, so
+    /// without it every read would decode up to 15 s of WAL again.
     fn log_confirm(&mut self, fence: i64, end: u64, oldest: i64) -> Result<bool, QueueError> {
         let confirmed = transaction::run(|| {
             Spi::connect_mut(|client| {
@@ -427,7 +430,17 @@ impl Queue for Queries {
                 Ok(client.update(self.log.confirm.as_str(), None, &args)?.first().get_one::<bool>()?)
             })
         });
-        confirmed.map(|confirmed| confirmed.unwrap_or(false)).map_err(|e| self.failure(e))
+        let confirmed = confirmed.map(|confirmed| confirmed.unwrap_or(false)).map_err(|e| self.failure(e))?;
+        if confirmed {
+            // SAFETY: writes one WAL record of the running transactions, as the bgwriter and
+            // CHECKPOINT do; run in a transaction of its own so that an ERROR comes back here.
+            transaction::run(|| {
+                unsafe { pg_sys::LogStandbySnapshot() };
+                Ok(())
+            })
+            .map_err(|e| self.failure(e))?;
+        }
+        Ok(confirmed)
     }
 
     fn log_maintain(&mut self) -> Result<i32, QueueError> {

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Log mode's delivery beside table mode's, in one run, written to bench/RESULTS-log-delivery.md
+# (see bench/README.md): the drain of DRAIN_EVENTS events to one endpoint and to three, and
+# commit-to-receipt latency at 5,000 events/s. One cluster on 127.0.0.1 with wal_level =
+# logical and 2 relay workers; nginx answers 204 and logs each delivery's receipt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DRAIN_EVENTS=${BENCH_DRAIN_EVENTS:-100000}
+ROUNDS=${BENCH_ROUNDS:-3}
+LATENCY_SECONDS=${BENCH_LATENCY_SECONDS:-20}
+LATENCY_RATE=${BENCH_LATENCY_RATE:-5000}
+. bench/lib.sh
+
+scripts/setup.sh nginx-light
+. scripts/cluster.sh
+install_extension
+
+DIR=$(mktemp -d /tmp/outbox-bench-log.XXXXXX)
+chmod 755 "$DIR"
+PORT=15343
+RECEIVER_PORT=8797
+URL="http://127.0.0.1:$RECEIVER_PORT/events"
+cleanup() {
+  stop_cluster
+  [ ! -f "$DIR/nginx.pid" ] || nginx -c "$DIR/nginx.conf" -s stop 2>/dev/null || true
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+sed -e "s|@DIR@|$DIR|g" -e "s|@PORT@|$RECEIVER_PORT|g" bench/nginx.conf.in > "$DIR/nginx.conf"
+nginx -c "$DIR/nginx.conf"
+start_cluster "$DIR/pg" "$PORT" "outbox.workers = 2" "wal_level = logical" "max_wal_size = '4GB'" \
+  "checkpoint_timeout = '30min'" "outbox.poll_interval = '100ms'"
+q "CREATE EXTENSION outbox_ext" >/dev/null
+median() { tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# DRAIN_EVENTS events in transactions of 100, as producers commit them.
+enqueue_all() {
+  q "DO \$\$ BEGIN FOR i IN 1..$((DRAIN_EVENTS / 100)) LOOP
+       PERFORM outbox_enqueue('bench', jsonb_build_object('order_id', n, 'total', 42.5)) FROM generate_series(1, 100) AS n;
+       COMMIT;
+     END LOOP; END \$\$" >/dev/null
+}
+empty() { q "TRUNCATE outbox_attempts, outbox_deliveries, outbox, outbox_log" >/dev/null; }
+slot_confirmed_to() { q "SELECT confirmed_flush_lsn >= '$1' FROM pg_replication_slots WHERE slot_name = (SELECT slot FROM outbox_log_state)"; }
+
+# table_drain ENDPOINTS: times the workers' drain in table mode (enqueued with no URL, and the
+# other endpoints disabled).
+table_drain() {
+  set_url ""
+  q "SELECT outbox_endpoint_disable(name) FROM outbox_endpoints WHERE name LIKE 'copy-%'" >/dev/null
+  enqueue_all
+  drain outbox_deliveries "$URL" "SELECT outbox_endpoint_enable(name) FROM outbox_endpoints WHERE name LIKE 'copy-%'"
+  rate $((DRAIN_EVENTS * $1)) "$drain_seconds"
+  empty
+}
+# log_drain ENDPOINTS: the bench takes the log's lease from the workers (a new fence, for an
+# hour) while the events are enqueued, then lets it go, and times until the workers have
+# confirmed the slot past the last of them.
+log_drain() {
+  local target t0 deadline
+  q "UPDATE outbox_log_state SET reader_fence = reader_fence + 1, reader_until = now() + interval '1 hour'" >/dev/null
+  enqueue_all
+  target=$(q "SELECT pg_current_wal_lsn()")
+  t0=$(now)
+  q "UPDATE outbox_log_state SET reader_until = NULL" >/dev/null
+  deadline=$((SECONDS + 300))
+  until [ "$(slot_confirmed_to "$target")" = t ]; do
+    [ $SECONDS -lt $deadline ] || { echo "bench: log drain timed out" >&2; exit 1; }
+    sleep 0.02
+  done
+  rate $((DRAIN_EVENTS * $1)) "$(elapsed "$t0" "$(now)")"
+  [ "$(q "SELECT count(*) FROM outbox_deliveries")" = 0 ] || { echo "bench: a log-mode delivery failed" >&2; exit 1; }
+  empty
+}
+
+echo "== drain: $DRAIN_EVENTS events (transactions of 100), 2 workers, $ROUNDS interleaved rounds"
+declare -A runs
+for round in $(seq "$ROUNDS"); do
+  for fanout in 1 3; do
+    q "SELECT outbox_endpoint_drop(name) FROM outbox_endpoints WHERE name LIKE 'copy-%'" >/dev/null
+    [ "$fanout" = 1 ] || q "SELECT outbox_endpoint_set('copy-' || n, '$URL') FROM generate_series(2, $fanout) AS n" >/dev/null
+    q "SELECT outbox_set_mode('table')" >/dev/null
+    runs[table_$fanout]="${runs[table_$fanout]:-} $(table_drain "$fanout")"
+    set_url "$URL"
+    q "SELECT outbox_set_mode('log')" >/dev/null
+    wait_for "EXISTS (SELECT FROM pg_replication_slots AS r JOIN outbox_log_state AS s ON r.slot_name = s.slot WHERE NOT s.recovering)" 30
+    runs[log_$fanout]="${runs[log_$fanout]:-} $(log_drain "$fanout")"
+    echo "round $round, $fanout endpoint(s): table$(echo ${runs[table_$fanout]} | awk '{ print " " $NF }'), log$(echo ${runs[log_$fanout]} | awk '{ print " " $NF }') deliveries/s"
+  done
+done
+q "SELECT outbox_endpoint_drop(name) FROM outbox_endpoints WHERE name LIKE 'copy-%'" >/dev/null
+declare -A medians
+for key in table_1 log_1 table_3 log_3; do medians[$key]=$(echo ${runs[$key]} | median); done
+
+echo "== latency: $LATENCY_RATE events/s for ${LATENCY_SECONDS}s in log mode, commit to receipt"
+echo "SELECT outbox_enqueue('latency', jsonb_build_object('t', extract(epoch FROM clock_timestamp())));" > "$DIR/latency.sql"
+: > "$DIR/deliveries.log"
+PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres pgbench -n -c4 -j2 -R"$LATENCY_RATE" -T"$LATENCY_SECONDS" -f "$DIR/latency.sql" postgres >/dev/null 2>&1
+latency_events=$(q "SELECT count(*) FROM outbox_log WHERE topic = 'latency'")
+deadline=$((SECONDS + 60))
+until [ "$(wc -l < "$DIR/deliveries.log")" -ge "$latency_events" ]; do
+  [ $SECONDS -lt $deadline ] || { echo "bench: receiver logged $(wc -l < "$DIR/deliveries.log") of $latency_events" >&2; exit 1; }
+  sleep 0.05
+done
+read -r p50 p99 pmax <<<"$(psql_cluster -tA -q <<SQL | tr '|' ' '
+CREATE TEMP TABLE receipts (id bigint, at numeric);
+\copy receipts FROM '$DIR/deliveries.log' WITH (DELIMITER ' ')
+WITH latency AS (
+  SELECT (min(r.at) - (l.payload->>'t')::numeric) * 1000 AS ms
+    FROM outbox_log l JOIN receipts r ON r.id = l.id
+   WHERE l.topic = 'latency'
+   GROUP BY l.id, l.payload)
+SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+       round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+       round(max(ms), 1)
+  FROM latency;
+SQL
+)"
+echo "latency over $latency_events events: p50 $p50 ms, p99 $p99 ms, max $pmax ms"
+
+pg_version=$(q "SHOW server_version" | cut -d' ' -f1)
+cat > bench/RESULTS-log-delivery.md <<EOF
+# Log mode: delivery beside table mode
+
+\`bench/log-mode.sh\`, $(date -u +%Y-%m-%d), on $(nproc) cores, PostgreSQL $pg_version with
+\`wal_level = logical\`, 2 relay workers, nginx on 127.0.0.1 answering 204. Events are
+enqueued in transactions of 100 before the relay may read them; each figure is the median of
+$ROUNDS interleaved rounds.
+
+| drain of $DRAIN_EVENTS events | table mode | log mode | log / table |
+|---|---|---|---|
+| to one endpoint (deliveries/s) | ${medians[table_1]} | ${medians[log_1]} | $(percent "${medians[log_1]}" "${medians[table_1]}") |
+| to three endpoints (deliveries/s) | ${medians[table_3]} | ${medians[log_3]} | $(percent "${medians[log_3]}" "${medians[table_3]}") |
+
+Table mode's drain ends when every delivery is marked sent; log mode's when the slot is
+confirmed past the last event (every delivery acknowledged, none written).
+
+Commit to receipt in log mode at $LATENCY_RATE events/s for ${LATENCY_SECONDS} s ($latency_events
+events, 4 pgbench clients): p50 $p50 ms, p99 $p99 ms, max $pmax ms.
+
+Rounds (deliveries/s): table, one endpoint:${runs[table_1]}; log, one endpoint:${runs[log_1]};
+table, three:${runs[table_3]}; log, three:${runs[log_3]}.
+EOF
+echo "== written bench/RESULTS-log-delivery.md"
