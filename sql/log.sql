@@ -324,11 +324,13 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_make_slot(bigint) FROM PUBLIC;
 -- consuming them (outbox_log_confirm does, once they are delivered): pgoutput messages (begin,
 -- relation, insert, commit) of whole transactions, each with its position. The first row has
 -- no message: its xmin and began_at are the oldest transaction running when this read began
--- and the WAL position then (as numbers), which outbox_log_confirm takes as oldest for a
--- position at or past it, and where a read that found nothing confirms. Only the relay that
--- holds the lease reads; any other gets no rows.
+-- and the WAL position written then (as numbers), which outbox_log_confirm takes as oldest for
+-- a position at or past it; flushed_at is the WAL position flushed then, which the read
+-- decodes at least up to, and where a read that found nothing confirms (an asynchronous
+-- commit written before began_at may not be flushed yet). Only the relay that holds the lease
+-- reads; any other gets no rows.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read(fence bigint, max_changes integer)
-RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint)
+RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint, flushed_at bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -337,14 +339,15 @@ DECLARE
     state @extschema@.outbox_log_state;
     oldest bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
     position bigint := (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint;
+    flushed bigint := (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint;
 BEGIN
     SELECT * INTO state FROM @extschema@.outbox_log_state AS s WHERE s.reader_fence = fence;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT NULL::bigint, NULL::bytea, oldest, position;
+    RETURN QUERY SELECT NULL::bigint, NULL::bytea, oldest, position, flushed;
     RETURN QUERY
-    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, oldest, position
+    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, oldest, position, flushed
       FROM pg_logical_slot_peek_binary_changes(state.slot, NULL, max_changes,
                                                'proto_version', '1', 'publication_names', state.publication) AS c;
 END

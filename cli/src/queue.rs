@@ -364,8 +364,8 @@ impl Queue for ClientQueue {
     fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<LogRows, QueueError> {
         let statement = self.statements.log_read.clone();
         let rows = self.autocommit(&statement, &[(&fence, Type::INT8), (&max_changes, Type::INT4)])?;
-        let (oldest, began_at) = rows.first().map_or((0, 0), |row| (row.get(1), row.get(2)));
-        Ok(LogRows { messages: rows.iter().filter_map(|row| row.get(0)).collect(), oldest, began_at })
+        let (oldest, began_at, flushed_at) = rows.first().map_or((0, 0, 0), |row| (row.get(1), row.get(2), row.get(3)));
+        Ok(LogRows { messages: rows.iter().filter_map(|row| row.get(0)).collect(), oldest, began_at, flushed_at })
     }
 
     fn log_route(&mut self, events: &EventColumns) -> Result<Vec<Route>, QueueError> {

@@ -77,12 +77,13 @@ pub struct LogLease {
 }
 
 /// What `log_read` returned: the pgoutput messages, the oldest transaction running when the
-/// read began and the WAL position then.
+/// read began and the WAL positions written and flushed then.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogRows {
     pub messages: Vec<Vec<u8>>,
     pub oldest: i64,
     pub began_at: i64,
+    pub flushed_at: i64,
 }
 
 /// What `load_endpoints` read: the endpoints just disabled (name and reason), those to claim

@@ -326,8 +326,10 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             Err(e) => return self.failed("reading the log's slot", QueueError::Failed(e.to_string())),
         };
         let Some(end) = read.end else {
-            // Nothing committed in the log: the slot keeps no WAL of other tables up to here.
-            if let Err(e) = self.queue.log_confirm(fence, rows.began_at as u64, rows.oldest) {
+            // Nothing committed in the log up to what was flushed when the read began: the slot
+            // keeps no WAL of other tables up to there.
+            let flushed = rows.flushed_at as u64;
+            if let Err(e) = self.queue.log_confirm(fence, flushed, self.log.starts.oldest_for(flushed)) {
                 self.failed("confirming the log's slot", e)?;
             }
             return Ok(());

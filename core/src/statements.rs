@@ -33,7 +33,7 @@ pub const LOG_MAKE_SLOT: &str = "SELECT @extschema@.outbox_log_make_slot($1)";
 /// Log mode: copies what a lost slot may have held into the table path.
 pub const LOG_RECOVER: &str = "SELECT @extschema@.outbox_log_recover($1)";
 /// Log mode: the slot's next changes.
-pub const LOG_READ: &str = "SELECT data, xmin, began_at FROM @extschema@.outbox_log_read($1, $2)";
+pub const LOG_READ: &str = "SELECT data, xmin, began_at, flushed_at FROM @extschema@.outbox_log_read($1, $2)";
 /// Log mode: where the events read go.
 pub const LOG_ROUTE: &str = "SELECT event, endpoint, body FROM @extschema@.outbox_log_route($1, $2, $3, $4)";
 /// Log mode: deliveries copied into the table path.

@@ -372,7 +372,10 @@ impl Queue for Queries {
                     match row.get::<Vec<u8>>(1)? {
                         Some(message) => read.messages.push(message),
                         // The first row: where the read began.
-                        None => (read.oldest, read.began_at) = (row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0)),
+                        None => {
+                            (read.oldest, read.began_at, read.flushed_at) =
+                                (row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0), row.get(4)?.unwrap_or(0))
+                        }
                     }
                 }
                 Ok(read)
