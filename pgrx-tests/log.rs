@@ -299,3 +299,26 @@ fn the_log_keeps_partitions_for_the_next_hours_and_drops_those_read_and_confirme
     assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_log WHERE topic = 'log.later'"), 1, "this hour's is kept");
     leave_log_mode(&mut db);
 }
+
+#[test]
+fn a_slot_lost_while_a_read_is_on_its_way_is_made_again_and_that_read_recovered() {
+    let mut db = db();
+    // A short lease: the relay renews it, and checks the slot, every second.
+    db.configure(&[("outbox.lease", "2s")]);
+    let receiver = Receiver::start(Reply::Hold);
+    log_mode_with_workers(&mut db, "log-held", &receiver.url, "held.*");
+    let id = db.enqueue("held.one", "{}");
+    db.wait_for("the relay sends it", Duration::from_secs(30), |_| receiver.held() >= 1);
+    // Lost while the request is held: the read it came in cannot be confirmed on this slot.
+    db.execute("SELECT pg_drop_replication_slot(slot) FROM outbox_log_state");
+    receiver.release();
+    db.wait_for("the event, recovered into the table path, is delivered there", Duration::from_secs(30), |db| {
+        db.count_to("log-held", &format!("id = {id} AND sent_at IS NOT NULL")) == 1
+    });
+    let next = db.enqueue("held.two", "{}");
+    db.wait_for("the next event is delivered too", Duration::from_secs(30), |_| !receiver.deliveries_of(next).is_empty());
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop('log-held')");
+    db.execute("ALTER SYSTEM RESET outbox.lease");
+    db.configure(&[]);
+}

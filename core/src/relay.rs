@@ -377,6 +377,10 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
                     let text = format!("made the log's slot; {recovered} deliveries of events it did not hold copied into the table");
                     self.report.log(Level::Log, &text);
                     timers.claim_due = true;
+                    // A read on its way when the slot was lost: its events were just copied,
+                    // and its end is no position of the new slot's.
+                    self.log.batch = None;
+                    self.log.starts = ReadStarts::default();
                 }
                 Err(e) => return self.failed("recovering the events of the log's slot", e).map(|()| None),
             }

@@ -352,14 +352,14 @@ impl Queue for Queries {
     /// cannot be made (nor, to be safe, read) in a transaction that has one.
     fn log_make_slot(&mut self, fence: i64) -> Result<bool, QueueError> {
         let made = transaction::run(|| {
-            Spi::connect(|client| Ok(client.select(self.log.make_slot.as_str(), None, &[fence.into()])?.first().get_one::<bool>()?))
+            Spi::connect(|client| client.select(self.log.make_slot.as_str(), None, &[fence.into()])?.first().get_one::<bool>())
         });
         made.map(|made| made.unwrap_or(false)).map_err(|e| self.failure(e))
     }
 
     fn log_recover(&mut self, fence: i64) -> Result<i64, QueueError> {
         let made = transaction::run(|| {
-            Spi::connect_mut(|client| Ok(client.update(self.log.recover.as_str(), None, &[fence.into()])?.first().get_one::<i64>()?))
+            Spi::connect_mut(|client| client.update(self.log.recover.as_str(), None, &[fence.into()])?.first().get_one::<i64>())
         });
         made.map(|made| made.unwrap_or(0)).map_err(|e| self.failure(e))
     }
@@ -417,7 +417,7 @@ impl Queue for Queries {
                     deferrals.errors.clone().into(),
                     deferrals.due_in_ms.clone().into(),
                 ];
-                Ok(client.update(self.log.defer.as_str(), None, &args)?.first().get_one::<i64>()?)
+                client.update(self.log.defer.as_str(), None, &args)?.first().get_one::<i64>()
             })
         });
         made.map(|made| made.unwrap_or(0)).map_err(|e| self.failure(e))
@@ -430,14 +430,15 @@ impl Queue for Queries {
         let confirmed = transaction::run(|| {
             Spi::connect_mut(|client| {
                 let args = [fence.into(), (end as i64).into(), oldest.into()];
-                Ok(client.update(self.log.confirm.as_str(), None, &args)?.first().get_one::<bool>()?)
+                client.update(self.log.confirm.as_str(), None, &args)?.first().get_one::<bool>()
             })
         });
         let confirmed = confirmed.map(|confirmed| confirmed.unwrap_or(false)).map_err(|e| self.failure(e))?;
         if confirmed {
-            // SAFETY: writes one WAL record of the running transactions, as the bgwriter and
-            // CHECKPOINT do; run in a transaction of its own so that an ERROR comes back here.
+            // In a transaction of its own, so that an ERROR comes back here.
             transaction::run(|| {
+                // SAFETY: writes one WAL record of the running transactions, as the bgwriter
+                // and CHECKPOINT do.
                 unsafe { pg_sys::LogStandbySnapshot() };
                 Ok(())
             })
@@ -447,9 +448,8 @@ impl Queue for Queries {
     }
 
     fn log_maintain(&mut self) -> Result<i32, QueueError> {
-        let changed = transaction::run(|| {
-            Spi::connect_mut(|client| Ok(client.update(self.log.maintain.as_str(), None, &[])?.first().get_one::<i32>()?))
-        });
+        let changed =
+            transaction::run(|| Spi::connect_mut(|client| client.update(self.log.maintain.as_str(), None, &[])?.first().get_one::<i32>()));
         changed.map(|changed| changed.unwrap_or(0)).map_err(|e| self.failure(e))
     }
 }
