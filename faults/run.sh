@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The fault-injection suite (see faults/run.py), twice: with the extension's relay workers (2 of
+# The fault-injection suite (see faults/run.py), three times: with the extension's relay workers (2 of
 # them), then with two `outbox relay` processes on the SQL install; each run in its own cluster,
 # with a receiver on 127.0.0.1. FAULT_EVENTS sets the size (default 2000 committed events a
-# scenario); FAULT_MODE=workers or FAULT_MODE=relays runs one of the two.
+# scenario); FAULT_MODE=workers or FAULT_MODE=relays runs one of the two. Then the workers again,
+# in log mode (FAULT_MODE=log runs that alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 . scripts/cluster.sh
 install_extension
-MODE=${FAULT_MODE:-both}
+MODE=${FAULT_MODE:-all}
 
 DIR=$(mktemp -d /tmp/outbox-faults.XXXXXX)
 chmod 755 "$DIR"
@@ -19,7 +20,7 @@ cleanup() { stop_cluster; rm -rf "$DIR"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-if [ "$MODE" != relays ]; then
+if [ "$MODE" = all ] || [ "$MODE" = workers ]; then
   echo "== relay workers"
   start_cluster "$DIR/pg" "$PORT" "outbox.workers = 2" "outbox.webhook_url = 'http://127.0.0.1:$RECEIVER_PORT/events'"
   psql_cluster -q -c "CREATE EXTENSION outbox_ext"
@@ -27,7 +28,7 @@ if [ "$MODE" != relays ]; then
   stop_cluster
 fi
 
-if [ "$MODE" != workers ]; then
+if [ "$MODE" = all ] || [ "$MODE" = relays ]; then
   # As a managed server is used: no outbox library loaded, the outbox installed by
   # `outbox migrate` as a role with nothing but CREATE on the database, the relays connecting
   # as another ordinary role through PgBouncer in transaction mode (and directly for LISTEN).
@@ -45,4 +46,13 @@ if [ "$MODE" != workers ]; then
     FAULT_LISTEN_URL="postgres://outbox_relay@127.0.0.1:$PORT/postgres" \
     FAULT_PGBOUNCER_CONFIG="$DIR/pgbouncer/pgbouncer.ini" \
     FAULT_PGDATA="$DIR/pg-relays/data" FAULT_PGPORT=$PORT FAULT_RECEIVER_PORT=$RECEIVER_PORT python3 faults/run.py
+fi
+
+if [ "$MODE" = all ] || [ "$MODE" = log ]; then
+  echo "== relay workers, log mode"
+  stop_cluster
+  start_cluster "$DIR/pg-log" "$PORT" "outbox.workers = 2" "wal_level = logical" \
+    "outbox.webhook_url = 'http://127.0.0.1:$RECEIVER_PORT/events'"
+  psql_cluster -q -c "CREATE EXTENSION outbox_ext" -c "SELECT outbox_set_mode('log')"
+  FAULT_LOG_MODE=1 FAULT_PGDATA="$DIR/pg-log/data" FAULT_PGPORT=$PORT FAULT_RECEIVER_PORT=$RECEIVER_PORT python3 faults/run.py
 fi

@@ -165,6 +165,41 @@ fn events_routed_where_only_the_table_path_goes_are_copied_there_and_delivered()
 }
 
 #[test]
+fn a_body_routed_from_the_log_is_byte_for_byte_what_a_claim_builds() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.execute(&format!("SELECT outbox_endpoint_set('log-bytes', '{}', '{{log.bytes.*}}')", receiver.url));
+    let fence = enter_log_mode(&mut db);
+    db.execute(
+        r#"SELECT outbox_enqueue('log.bytes.é', '{"s": "é\"\u0001\n</script>", "n": 1.50, "big": 123456789012345678901234567890, "e": 1e-7, "a": [true, null, {"k": []}]}');
+           SELECT outbox_enqueue('log.bytes.b', '"just a string"'), outbox_enqueue('log.bytes.b', '[]');"#,
+    );
+    let (log, _) = read(&mut db, fence);
+    let columns = outbox_core::log::batch::EventColumns::new(&log.events);
+    let routed: Vec<(i32, String)> = db
+        .client
+        .query(
+            "SELECT event, body FROM outbox_log_route($1, $2, $3, $4) WHERE endpoint = 'log-bytes'",
+            &[&columns.topics, &columns.keys, &columns.payloads, &columns.created],
+        )
+        .expect("route")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(routed.len(), 3);
+    for (event, body) in routed {
+        let id = log.events[event as usize - 1].id;
+        let claims: String = db.value(&format!(
+            "SELECT json_build_object('type', topic, 'timestamp', created_at, 'data', payload)::text FROM outbox_log WHERE id = {id}"
+        ));
+        assert_eq!(body, claims, "event {id}: the body a claim builds (sql/claim.sql) from the same row");
+    }
+
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop('log-bytes')");
+}
+
+#[test]
 fn a_dropped_slot_is_made_again_and_every_event_not_confirmed_is_delivered() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Status(204));

@@ -58,8 +58,8 @@ fn enqueue(topic: Option<&str>, payload: Option<JsonbArg>, key: Option<&str>, de
             format!("outbox_enqueue: deliver_at is more than outbox.deliver_at_horizon ({horizon_s} s) from now"),
         )
     }
-    let id = insert_event(topic, payload, key, deliver_at);
-    wake::wake_workers_at_commit();
+    let (id, logged) = insert_event(topic, payload, key, deliver_at);
+    wake::wake_workers_at_commit(logged);
     id
 }
 
@@ -226,12 +226,13 @@ thread_local! {
     static ENQUEUE: std::cell::RefCell<Option<EnqueueStatements>> = const { std::cell::RefCell::new(None) };
 }
 
-/// Writes the event and its deliveries; returns the event's id. Each step after the first runs
+/// Writes the event and its deliveries; returns the event's id, and whether it went into the
+/// log (log mode: no deliveries written). Each step after the first runs
 /// only when it has something to do: an event that matched no endpoint is noted as unrouted,
 /// waiting deliveries of ordered endpoints are made known to the sequencer, endpoints with
 /// `notify` are notified, and a transaction that reads from one snapshot locks the endpoints it
 /// routed to, failing if they were dropped or changed since that snapshot.
-fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
+fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> (i64, bool) {
     let fail = |what: &str, e: pgrx::spi::SpiError| -> ! { error!("outbox_enqueue: {what}: {e}") };
     ENQUEUE.with(|cell| {
         let mut cached = cell.borrow_mut();
@@ -250,7 +251,7 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
                 .unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"));
             if row.get::<bool>(2).unwrap_or_else(|e| fail("insert failed", e)) == Some(true) {
                 // Log mode: the relay routes the event when it reads it from the slot.
-                return id;
+                return (id, true);
             }
             let routed = client
                 .update(&statements.route, None, &[id.into(), topic.into(), key.into(), deliver_at.into()])
@@ -289,7 +290,7 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
                     .update(&statements.hold_routed_endpoints, None, &[routed_to.into()])
                     .unwrap_or_else(|e| fail("cannot hold the endpoints it routed to", e));
             }
-            id
+            (id, false)
         })
     })
 }

@@ -361,15 +361,23 @@ impl Queue for ClientQueue {
         self.transaction(|client, statements| Ok(client.query_typed_one(&statements.log_recover, &[(&fence, Type::INT8)])?.get(0)))
     }
 
-    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<LogRows, QueueError> {
+    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<Option<LogRows>, QueueError> {
         let statement = self.statements.log_read.clone();
         let rows = self.autocommit(&statement, &[(&fence, Type::INT8), (&max_changes, Type::INT4)])?;
-        let (oldest, began_at, flushed_at) = rows.first().map_or((0, 0, 0), |row| (row.get(1), row.get(2), row.get(3)));
-        Ok(LogRows { messages: rows.iter().filter_map(|row| row.get(0)).collect(), oldest, began_at, flushed_at })
+        // The first row, with no message, says where the read began; none: not the reader.
+        Ok(rows.first().map(|first| LogRows {
+            messages: rows.iter().filter_map(|row| row.get(0)).collect(),
+            oldest: first.get(1),
+            began_at: first.get(2),
+            flushed_at: first.get(3),
+        }))
     }
 
-    fn log_route(&mut self, events: &EventColumns) -> Result<Vec<Route>, QueueError> {
+    fn log_route(&mut self, events: &EventColumns, version: i64) -> Result<Option<Vec<Route>>, QueueError> {
         self.transaction(|client, statements| {
+            if endpoints_version(client, statements)? != version {
+                return Ok(None);
+            }
             let arguments: [(&(dyn ToSql + Sync), Type); 4] = [
                 (&events.topics, Type::TEXT_ARRAY),
                 (&events.keys, Type::TEXT_ARRAY),
@@ -377,7 +385,7 @@ impl Queue for ClientQueue {
                 (&events.created, Type::TEXT_ARRAY),
             ];
             let rows = client.query_typed(&statements.log_route, &arguments)?;
-            Ok(rows.iter().map(|row| Route { event: row.get(0), endpoint: row.get(1), body: row.get(2) }).collect())
+            Ok(Some(rows.iter().map(|row| Route { event: row.get(0), endpoint: row.get(1), body: row.get(2) }).collect()))
         })
     }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::delivery::Doorbell;
-use outbox_core::relay::{Asked, Level, Wake};
+use outbox_core::relay::{Asked, Commits, Level, Wake};
 use postgres::fallible_iterator::FallibleIterator;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
@@ -63,13 +63,14 @@ impl Wake for ProcessWake {
     /// A NOTIFY makes committers take turns: the relay asks for them (through its row in
     /// outbox_relays) only while it listens, can claim and has no backlog. Commits may have
     /// gone unheard when it starts asking again, or when its listener reconnected.
-    fn listen(&mut self, can_claim: bool, backlog: bool) -> bool {
+    fn listen(&mut self, can_claim: bool, backlog: bool, _reads_log: bool) -> bool {
         let wanted = self.commits.is_some() && can_claim && !backlog;
         let asked_again = wanted && !self.wants_notifications.swap(wanted, Ordering::Relaxed);
         self.unheard.swap(false, Ordering::Relaxed) || asked_again
     }
 
-    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool {
+    /// A notification does not say what the commit wrote: a claim and a read are both due.
+    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> Commits {
         let commits = self.commits.as_ref().map_or(-1, |bell| bell.fd());
         let mut fds = [doorbell, commits, self.signalled.as_raw_fd()].map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
         let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
@@ -83,7 +84,7 @@ impl Wake for ProcessWake {
         if let Some(bell) = self.commits.as_ref().filter(|_| committed) {
             bell.clear();
         }
-        committed
+        Commits { table: committed, log: committed }
     }
 
     fn asked(&mut self) -> Asked {

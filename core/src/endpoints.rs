@@ -158,7 +158,7 @@ impl Endpoints {
     /// Whether `finished` gave some endpoint back the room for a claim it lacked: its events
     /// committed meanwhile were left out of every claim, and no commit may come to wake the
     /// worker for them. (What the worker's budgets left out, the claim says: see `left_out`.)
-    pub fn room_regained(&self, finished: &[Attempt], sender: &Sender, settings: &Settings) -> bool {
+    pub fn room_regained(&self, finished: &[&Attempt], sender: &Sender, settings: &Settings) -> bool {
         self.active.iter().any(|name| {
             let ended = finished.iter().filter(|attempt| attempt.endpoint == *name).count();
             let free = self.free_slots(name, sender, settings);
@@ -209,10 +209,6 @@ impl Endpoints {
                 ordered: endpoint.row.ordered,
             })
         })
-    }
-
-    pub fn knows(&self, name: &str) -> bool {
-        self.known.contains_key(name)
     }
 
     /// The endpoint's name as the relay shares it, if it can be sent to.

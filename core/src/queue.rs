@@ -56,10 +56,12 @@ pub trait Queue {
     /// Copies every event the slot may not hold any more into the table path; returns how many
     /// deliveries that made.
     fn log_recover(&mut self, fence: i64) -> Result<i64, QueueError>;
-    /// Up to about `max_changes` changes of whole transactions from the slot, not consumed.
-    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<LogRows, QueueError>;
-    /// Where each event goes (`outbox_log_route`).
-    fn log_route(&mut self, events: &EventColumns) -> Result<Vec<Route>, QueueError>;
+    /// Up to about `max_changes` changes of whole transactions from the slot, not consumed;
+    /// `None` if `fence` no longer holds the lease.
+    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<Option<LogRows>, QueueError>;
+    /// Where each event goes (`outbox_log_route`); `None` if the endpoints changed since
+    /// `version` (they are read again, as for a claim).
+    fn log_route(&mut self, events: &EventColumns, version: i64) -> Result<Option<Vec<Route>>, QueueError>;
     /// Copies deliveries into the table path; returns how many it made.
     fn log_defer(&mut self, deferrals: &Deferrals) -> Result<i64, QueueError>;
     /// Lets the slot go of everything before `end`; false if this relay lost the lease.

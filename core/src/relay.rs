@@ -15,6 +15,7 @@ use crate::log::batch::{Deferrals, EventColumns, LogBatch, ReadStarts, Start, LO
 use crate::log::read_events;
 use crate::queue::{AttemptColumns, ClaimArguments, Claimed, DeadDelivery, FailureColumns, Queue, QueueError};
 use crate::settings::Settings;
+pub use crate::timers::Commits;
 use crate::timers::{Timers, ACK_RETRY};
 
 /// How long a stopping relay waits for requests in flight before abandoning them.
@@ -31,25 +32,27 @@ const LOG_READ_CHANGES: i32 = 6_000;
 
 /// How a driver waits, and what it was asked meanwhile.
 pub trait Wake {
-    /// Whether commits should wake the relay from now on: only while it `can_claim`, and a
-    /// driver for which a wakeup costs the committer something may skip them while the last
-    /// claim came back full (`backlog`: it claims again without waiting). True if commits may
-    /// have gone unheard until now (the relay could not claim, or the driver lost its way of
-    /// hearing them), so a claim is due at once.
-    fn listen(&mut self, can_claim: bool, backlog: bool) -> bool;
-    /// Waits until a commit wakes the relay (true), `doorbell` is readable or `timeout` passes.
-    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool;
+    /// Whether commits should wake the relay from now on: those into the table path only
+    /// while it `can_claim`, and a driver for which a wakeup costs the committer something
+    /// may skip them while the last claim came back full (`backlog`: it claims again without
+    /// waiting); those into the log while it `reads_log`. True if commits into the table path
+    /// may have gone unheard until now (the relay could not claim, or the driver lost its way
+    /// of hearing them), so a claim is due at once.
+    fn listen(&mut self, can_claim: bool, backlog: bool, reads_log: bool) -> bool;
+    /// Waits until a commit wakes the relay, `doorbell` is readable or `timeout` passes; what
+    /// the commits that woke it wrote.
+    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> Commits;
     /// What the relay was asked since the last call.
     fn asked(&mut self) -> Asked;
 }
 
 /// A driver that runs the loop more than once (after the outbox went away) lends its wake.
 impl<W: Wake + ?Sized> Wake for &mut W {
-    fn listen(&mut self, can_claim: bool, backlog: bool) -> bool {
-        (**self).listen(can_claim, backlog)
+    fn listen(&mut self, can_claim: bool, backlog: bool, reads_log: bool) -> bool {
+        (**self).listen(can_claim, backlog, reads_log)
     }
 
-    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool {
+    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> Commits {
         (**self).wait(doorbell, timeout)
     }
 
@@ -176,10 +179,14 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             // finished, which under a failing endpoint are most of the relay's time.
             let busy = self.sender.busy_endpoints();
             let finished = self.sender.take_finished();
-            // Also when fewer endpoints are busy: each one's share of the requests grew.
-            timers.claim_due |= self.endpoints.room_regained(&finished, &self.sender, &self.settings)
-                || (self.left_out && !finished.is_empty())
-                || self.sender.busy_endpoints() < busy;
+            // Also when fewer endpoints are busy: each one's share of the requests grew. Room
+            // a log delivery gave back is the next log delivery's: claiming at each would cost
+            // a statement per delivery (or per read), and the table path's few rows in log mode
+            // (retries, ordered keys) are claimed at the next commit, copy or poll.
+            let table_finished: Vec<&Attempt> = finished.iter().filter(|a| a.fence != LOG_FENCE).collect();
+            timers.claim_due |= self.endpoints.room_regained(&table_finished, &self.sender, &self.settings)
+                || (self.left_out && !table_finished.is_empty())
+                || (self.sender.busy_endpoints() < busy && !table_finished.is_empty());
             let claimed = self.claim_if_due(timers);
             // Recorded even when the claim ends the loop: these are neither in flight nor
             // recorded anywhere else. The next events of ordered keys just sent are due: claim
@@ -194,10 +201,10 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             }
             self.delete_expired_if_due(timers)?;
             let can_claim = self.can_claim();
-            timers.claim_due |= self.wake.listen(can_claim, self.backlog);
+            timers.claim_due |= self.wake.listen(can_claim, self.backlog, self.log.fence != 0);
             let sleep = timers.sleep(can_claim, !self.unrecorded_acks.is_empty());
-            let commit = self.wake.wait(self.sender.doorbell().fd(), sleep);
-            timers.after_wait(commit, self.settings.poll_interval);
+            let commits = self.wake.wait(self.sender.doorbell().fd(), sleep);
+            timers.after_wait(commits, self.settings.poll_interval);
         }
     }
 
@@ -294,8 +301,8 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
     /// with none on its way and one due, takes the lease and reads the slot's next
     /// transactions. Deliveries only the table path makes (and failures) are copied there.
     fn read_log_if_due(&mut self, timers: &mut Timers) -> Result<(), Ended> {
-        let woken = std::mem::take(&mut timers.log_woken) && self.log.fence != 0;
         if self.log.batch.is_none() {
+            let woken = std::mem::take(&mut timers.log_woken) && self.log.fence != 0;
             if !std::mem::take(&mut timers.log_due) && !woken {
                 return Ok(());
             }
@@ -307,16 +314,32 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         self.start_log_deliveries();
         if let Some(copied) = self.confirm_log_if_done()? {
             timers.claim_due |= copied;
-            timers.log_due = self.log.full;
+            // Commits while the read was on its way are read at once, not at the poll.
+            timers.log_due = self.log.full || std::mem::take(&mut timers.log_woken);
         }
         Ok(())
     }
 
     fn read_log(&mut self, timers: &mut Timers) -> Result<(), Ended> {
-        let Some(fence) = self.lease_log(timers)? else { return Ok(()) };
+        // A lease taken less than half its length ago still holds: the read itself checks the
+        // fence, and the confirmation too.
+        let fence = if self.log.fence != 0 && Instant::now() < self.log.renew_at {
+            self.log.fence
+        } else {
+            let Some(fence) = self.lease_log(timers)? else { return Ok(()) };
+            fence
+        };
         let rows = match self.queue.log_read(fence, LOG_READ_CHANGES) {
-            Ok(rows) => rows,
-            Err(e) => return self.failed("reading the log's slot", e),
+            Ok(Some(rows)) => rows,
+            Ok(None) => {
+                self.log.fence = 0;
+                return Ok(());
+            }
+            Err(e) => {
+                // The slot may be gone: the lease finds out, before the next read.
+                self.log.renew_at = Instant::now();
+                return self.failed("reading the log's slot", e);
+            }
         };
         self.log.full = rows.messages.len() >= LOG_READ_CHANGES as usize;
         self.log.starts.note(rows.began_at as u64, rows.oldest);
@@ -334,18 +357,25 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             }
             return Ok(());
         };
-        let routes = if read.events.is_empty() {
-            Vec::new()
-        } else {
-            match self.queue.log_route(&EventColumns::new(&read.events)) {
-                Ok(routes) => routes,
+        // Routed by the endpoints as they are, read again first if they changed (as for a
+        // claim: a new secret signs every attempt started after its rotation committed).
+        let mut routes = read.events.is_empty().then(Vec::new);
+        let columns = EventColumns::new(&read.events);
+        for _ in 0..2 {
+            if routes.is_some() {
+                break;
+            }
+            match self.queue.log_route(&columns, self.endpoints.version) {
+                Ok(found) if found.is_some() => routes = found,
+                Ok(_) => self.read_endpoints()?,
                 Err(e) => return self.failed("routing the events read from the log", e),
             }
-        };
-        // An endpoint made since the relay last read them would go to the table path.
-        if routes.iter().any(|route| route.body.is_some() && !self.endpoints.knows(&route.endpoint)) {
-            self.read_endpoints()?;
         }
+        let Some(routes) = routes else {
+            // They changed again meanwhile: read the slot again at once.
+            timers.log_due = true;
+            return Ok(());
+        };
         let endpoints = &self.endpoints;
         self.log.batch = Some(LogBatch::new(read.events, end, routes, |name| endpoints.sendable(name)));
         Ok(())

@@ -5,6 +5,14 @@ use std::time::{Duration, Instant};
 /// How soon acknowledgements that could not be recorded are tried again.
 pub const ACK_RETRY: Duration = Duration::from_millis(500);
 
+/// What the commits that ended a wait wrote: deliveries into the table path (a claim is
+/// due), events into the log (a read is due, for the relay reading it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Commits {
+    pub table: bool,
+    pub log: bool,
+}
+
 /// When the loop's next claim and retention pass are due.
 pub struct Timers {
     /// A commit woke the worker, the last claim came back full, the worker can claim again
@@ -73,8 +81,9 @@ impl Timers {
         until.saturating_duration_since(now)
     }
 
-    /// A commit's wakeup makes a claim due; so does the poll timer, which then re-arms itself.
-    pub fn after_wait(&mut self, latch: bool, poll_interval: Duration) {
+    /// A commit's wakeup makes a claim or a read due; so does the poll timer, which then
+    /// re-arms itself.
+    pub fn after_wait(&mut self, commits: Commits, poll_interval: Duration) {
         let now = Instant::now();
         if now >= self.next_poll {
             self.claim_due = true;
@@ -85,8 +94,8 @@ impl Timers {
         // Not endpoints_stale: a busy database commits thousands of times a second, and each
         // commit wakes the workers that can claim; endpoint changes are picked up at the next
         // poll.
-        self.claim_due |= latch;
-        self.log_woken |= latch;
+        self.claim_due |= commits.table;
+        self.log_woken |= commits.log;
     }
 }
 
@@ -113,9 +122,10 @@ mod tests {
         let sleep = timers.sleep(true, false);
         assert!(sleep > Duration::from_secs(59) && sleep <= Duration::from_secs(60), "{sleep:?}");
         assert!(timers.sleep(true, true) <= ACK_RETRY, "acknowledgements to record are retried sooner");
-        timers.after_wait(true, Duration::from_secs(60));
-        assert!(timers.claim_due && !timers.endpoints_stale, "a commit's wakeup claims without reading the endpoints");
-        assert!(timers.log_woken && !timers.log_due, "and reads the log if it holds its lease");
+        timers.after_wait(Commits { table: false, log: true }, Duration::from_secs(60));
+        assert!(!timers.claim_due && timers.log_woken && !timers.log_due, "a commit into the log reads it, and claims nothing");
+        timers.after_wait(Commits { table: true, log: false }, Duration::from_secs(60));
+        assert!(timers.claim_due && !timers.endpoints_stale, "a commit into the table path claims without reading the endpoints");
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub extern "C-unwind" fn outbox_launcher_main(_arg: pg_sys::Datum) {
         }
         // Woken early by a relay worker that stops (the postmaster notifies the launcher) and
         // by a commit that may make a database one to serve.
-        wake::wait(None, CHECK_EVERY);
+        wake::wait(CHECK_EVERY);
     }
     registry::publish_launcher(None);
     // Exit code 1: the postmaster starts a launcher stopped on its own (pg_terminate_backend)

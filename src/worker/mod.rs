@@ -21,7 +21,7 @@ use registry::Found;
 use crate::catalog::LIBRARY_VERSION;
 use crate::settings::{self, Settings};
 use outbox_core::delivery::{Attempt, Outcome};
-use outbox_core::relay::{Asked, Ended, Level, Relay, Report, Wake};
+use outbox_core::relay::{Asked, Commits, Ended, Level, Relay, Report, Wake};
 
 #[pg_guard]
 // SAFETY: an exported name of this library's own, which PostgreSQL looks up by name.
@@ -84,7 +84,13 @@ impl Worker {
                 served = true;
             }
             // Only worker 1 deletes what retention expired; the others only deliver.
-            let wake = WorkerWake { number: self.number, database: self.database, connected_as_of: self.connected_as_of, slot: self.slot };
+            let wake = WorkerWake {
+                number: self.number,
+                database: self.database,
+                connected_as_of: self.connected_as_of,
+                slot: self.slot,
+                waiting: wake::DoorbellWait::new(),
+            };
             let report = WorkerReport { number: self.number, slot: self.slot };
             let relay = Relay::new(queries, wake, report, self.settings.clone(), self.number == 1)
                 .unwrap_or_else(|e| error!("outbox_ext relay {}: {e}", self.number));
@@ -158,7 +164,7 @@ impl Worker {
             }
             // A commit ends the wait: the first enqueue after ALTER EXTENSION UPDATE.
             self.slot.set_wakes_on_commit(true);
-            wake::wait(None, self.settings.poll_interval);
+            wake::wait(self.settings.poll_interval);
             if BackgroundWorker::sigterm_received() {
                 return None;
             }
@@ -181,20 +187,24 @@ struct WorkerWake {
     database: pg_sys::Oid,
     connected_as_of: u64,
     slot: &'static registry::WorkerSlot,
+    waiting: wake::DoorbellWait,
 }
 
 impl Wake for WorkerWake {
     /// Setting a latch costs a committer next to nothing: backlog or not.
-    fn listen(&mut self, can_claim: bool, _backlog: bool) -> bool {
+    fn listen(&mut self, can_claim: bool, _backlog: bool, reads_log: bool) -> bool {
+        self.slot.set_wakes_on_log(reads_log);
         self.slot.set_wakes_on_commit(can_claim)
     }
 
-    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> bool {
+    fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> Commits {
         // Background workers must report their table statistics themselves; without this,
         // autovacuum never learns of the dead rows that claims and acknowledgements leave.
         // SAFETY: main thread, no transaction open.
         unsafe { pg_sys::pgstat_report_stat(false) };
-        wake::wait(Some(doorbell), timeout).latch
+        self.waiting.wait(doorbell, timeout);
+        let wrote = self.slot.take_commits();
+        Commits { table: wrote & registry::COMMITTED_TABLE != 0, log: wrote & registry::COMMITTED_LOG != 0 }
     }
 
     /// SIGTERM; a DROP DATABASE or RENAME of this database waiting for the workers; or

@@ -143,6 +143,15 @@ fn endpoints_version(client: &mut SpiClient<'_>, queries: &Queries) -> Result<i6
     Ok(client.update(&queries.endpoints_version, None, &[])?.first().get_one::<i64>()?.unwrap_or(0))
 }
 
+/// Each read and advance of the log's slot starts logical decoding, which PostgreSQL 15 says
+/// in two LOG lines: hundreds a second, gigabytes of server log a day. Only for this
+/// transaction, so that the worker's own lines are still logged; `fatal`, since
+/// log_min_messages ranks LOG above ERROR. An ERROR here comes back to the relay, which logs it.
+fn decode_quietly(client: &SpiClient<'_>) -> Result<(), pgrx::spi::SpiError> {
+    client.select("SELECT pg_catalog.set_config('log_min_messages', 'fatal', true)", None, &[])?;
+    Ok(())
+}
+
 impl Queries {
     /// What a failed statement means to the loop: `Gone` if the extension was dropped,
     /// re-created or updated since these statements were prepared (also when even that lookup
@@ -364,17 +373,20 @@ impl Queue for Queries {
         made.map(|made| made.unwrap_or(0)).map_err(|e| self.failure(e))
     }
 
-    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<LogRows, QueueError> {
+    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<Option<LogRows>, QueueError> {
         let read = transaction::run(|| {
             Spi::connect(|client| {
-                let mut read = LogRows::default();
+                decode_quietly(client)?;
+                let mut read: Option<LogRows> = None;
                 for row in client.select(self.log.read.as_str(), None, &[fence.into(), max_changes.into()])? {
-                    match row.get::<Vec<u8>>(1)? {
-                        Some(message) => read.messages.push(message),
-                        // The first row: where the read began.
-                        None => {
-                            (read.oldest, read.began_at, read.flushed_at) =
-                                (row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0), row.get(4)?.unwrap_or(0))
+                    match (row.get::<Vec<u8>>(1)?, read.as_mut()) {
+                        (Some(message), Some(read)) => read.messages.push(message),
+                        // The first row, with no message, says where the read began; none: not
+                        // the reader.
+                        _ => {
+                            let (oldest, began_at, flushed_at) =
+                                (row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0), row.get(4)?.unwrap_or(0));
+                            read = Some(LogRows { messages: Vec::new(), oldest, began_at, flushed_at });
                         }
                     }
                 }
@@ -384,9 +396,12 @@ impl Queue for Queries {
         read.map_err(|e| self.failure(e))
     }
 
-    fn log_route(&mut self, events: &EventColumns) -> Result<Vec<Route>, QueueError> {
+    fn log_route(&mut self, events: &EventColumns, version: i64) -> Result<Option<Vec<Route>>, QueueError> {
         let routes = transaction::run(|| {
             Spi::connect_mut(|client| {
+                if endpoints_version(client, self)? != version {
+                    return Ok(None);
+                }
                 let args = [
                     events.topics.clone().into(),
                     events.keys.clone().into(),
@@ -397,7 +412,7 @@ impl Queue for Queries {
                 for row in client.update(self.log.route.as_str(), None, &args)? {
                     routes.push(Route { event: row.get(1)?.unwrap_or(0), endpoint: row.get(2)?.unwrap_or_default(), body: row.get(3)? });
                 }
-                Ok(routes)
+                Ok(Some(routes))
             })
         });
         routes.map_err(|e| self.failure(e))
@@ -429,6 +444,7 @@ impl Queue for Queries {
     fn log_confirm(&mut self, fence: i64, end: u64, oldest: i64) -> Result<bool, QueueError> {
         let confirmed = transaction::run(|| {
             Spi::connect_mut(|client| {
+                decode_quietly(client)?;
                 let args = [fence.into(), (end as i64).into(), oldest.into()];
                 client.update(self.log.confirm.as_str(), None, &args)?.first().get_one::<bool>()
             })

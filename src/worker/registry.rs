@@ -3,7 +3,7 @@
 //! worker found in its database), one entry per database (committed enqueues, and whether a
 //! DROP or RENAME of it is waiting for its workers), and the launcher's latch.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use pgrx::pg_sys::Oid;
 use pgrx::prelude::*;
@@ -18,6 +18,10 @@ pub const WORKER_SLOTS: usize = 128;
 pub const DATABASE_SLOTS: usize = 256;
 
 const NO_PROC: i32 = -1;
+/// What a commit that woke a worker wrote: deliveries into the table path, or events into the
+/// log (WorkerSlot::committed).
+pub const COMMITTED_TABLE: u8 = 1;
+pub const COMMITTED_LOG: u8 = 2;
 const NO_DATABASE: u32 = 0;
 
 /// What a relay worker found in its database, for the launcher.
@@ -51,6 +55,12 @@ pub struct WorkerSlot {
     /// with every request slot taken, or with no endpoint it can send to, would only wake,
     /// find nothing to do and sleep again, at the cost of a signal per commit.
     wakes_on_commit: AtomicBool,
+    /// Whether a commit that wrote into the log should wake the worker: only while it holds
+    /// the lease on reading the log's slot.
+    wakes_on_log: AtomicBool,
+    /// What the commits that set the worker's latch since it last looked wrote: bits of
+    /// `COMMITTED_TABLE` and `COMMITTED_LOG`. A signal sets the latch and neither.
+    committed: AtomicU8,
     pub delivered: AtomicI64,
     pub failed: AtomicI64,
     /// Attempts by outcome class (indexed by `OutcomeClass as usize`) since the launcher gave
@@ -74,6 +84,8 @@ impl WorkerSlot {
             settings_loaded_at: AtomicI64::new(0),
             in_flight: AtomicI64::new(0),
             wakes_on_commit: AtomicBool::new(false),
+            wakes_on_log: AtomicBool::new(false),
+            committed: AtomicU8::new(0),
             delivered: AtomicI64::new(0),
             failed: AtomicI64::new(0),
             attempts: std::array::from_fn(|_| AtomicI64::new(0)),
@@ -117,6 +129,26 @@ impl WorkerSlot {
     pub fn set_wakes_on_commit(&self, can_claim: bool) -> bool {
         let before = self.wakes_on_commit.swap(can_claim, Ordering::SeqCst);
         can_claim && !before
+    }
+
+    pub fn wakes_on_log(&self) -> bool {
+        self.wakes_on_log.load(Ordering::SeqCst)
+    }
+
+    /// Publishes whether commits into the log should wake the worker: whether it reads the
+    /// log now.
+    pub fn set_wakes_on_log(&self, reads_log: bool) {
+        self.wakes_on_log.store(reads_log, Ordering::SeqCst);
+    }
+
+    /// Notes what a commit about to set the worker's latch wrote (`COMMITTED_*`).
+    pub fn note_commit(&self, wrote: u8) {
+        self.committed.fetch_or(wrote, Ordering::SeqCst);
+    }
+
+    /// What the commits since the last call wrote (`COMMITTED_*` bits).
+    pub fn take_commits(&self) -> u8 {
+        self.committed.swap(0, Ordering::SeqCst)
     }
 
     /// What the worker last found, and (for `NoExtension`) as of which `serving_changes()`.
@@ -273,6 +305,8 @@ unsafe extern "C-unwind" fn release_slot_at_exit(_code: i32, index: pg_sys::Datu
     if let Some(slot) = slots().get(index.value()) {
         slot.procno.store(NO_PROC, Ordering::SeqCst);
         slot.wakes_on_commit.store(false, Ordering::SeqCst);
+        slot.wakes_on_log.store(false, Ordering::SeqCst);
+        slot.committed.store(0, Ordering::SeqCst);
         slot.pid.store(0, Ordering::SeqCst);
         slot.in_flight.store(0, Ordering::Relaxed);
     }

@@ -89,7 +89,8 @@ pub struct LogBatch {
     places: HashMap<i64, usize>,
     /// Just past the read's last transaction.
     pub end: u64,
-    to_start: VecDeque<Event>,
+    /// The deliveries not yet started, by endpoint, each in the read's order.
+    to_start: HashMap<Arc<str>, VecDeque<Event>>,
     in_flight: usize,
     /// Not yet written: the copies still to make.
     pub deferrals: Deferrals,
@@ -100,12 +101,13 @@ impl LogBatch {
     /// (and every route without a body) copied into the table path, due at once.
     pub fn new(events: Vec<LogEvent>, end: u64, routes: Vec<Route>, sendable: impl Fn(&str) -> Option<Arc<str>>) -> LogBatch {
         let places = events.iter().enumerate().map(|(place, e)| (e.id, place)).collect();
-        let mut batch = LogBatch { events, places, end, to_start: VecDeque::new(), in_flight: 0, deferrals: Deferrals::default() };
+        let mut batch = LogBatch { events, places, end, to_start: HashMap::new(), in_flight: 0, deferrals: Deferrals::default() };
         for route in routes {
             let Some(event) = usize::try_from(route.event - 1).ok().and_then(|i| batch.events.get(i)) else { continue };
             match (route.body, sendable(&route.endpoint)) {
                 (Some(body), Some(endpoint)) => {
-                    batch.to_start.push_back(Event { endpoint, id: event.id, attempts: 1, fence: LOG_FENCE, body: body.into() })
+                    let delivery = Event { endpoint: endpoint.clone(), id: event.id, attempts: 1, fence: LOG_FENCE, body: body.into() };
+                    batch.to_start.entry(endpoint).or_default().push_back(delivery);
                 }
                 _ => batch.deferrals.push(event, &route.endpoint, 0, None, Duration::ZERO),
             }
@@ -113,23 +115,28 @@ impl LogBatch {
         batch
     }
 
-    /// Starts what `start` takes of the deliveries not yet started, in the read's order; what
-    /// it hands back waits for room, or (its endpoint can no longer be sent to) is copied into
-    /// the table path.
+    /// Starts what `start` takes of the deliveries not yet started, each endpoint's in the
+    /// read's order; an endpoint's first one it hands back for want of room waits with the
+    /// rest of them (asking on would cost a turn as long as the read), and one whose endpoint
+    /// can no longer be sent to is copied into the table path.
     pub fn start(&mut self, mut start: impl FnMut(Event) -> Start) {
-        let mut waiting = VecDeque::new();
-        while let Some(event) = self.to_start.pop_front() {
-            match start(event) {
-                Start::Started => self.in_flight += 1,
-                Start::NoRoom(event) => waiting.push_back(event),
-                Start::Unsendable(event) => {
-                    if let Some(&place) = self.places.get(&event.id) {
-                        self.deferrals.push(&self.events[place], &event.endpoint, 0, None, Duration::ZERO);
+        for waiting in self.to_start.values_mut() {
+            while let Some(event) = waiting.pop_front() {
+                match start(event) {
+                    Start::Started => self.in_flight += 1,
+                    Start::NoRoom(event) => {
+                        waiting.push_front(event);
+                        break;
+                    }
+                    Start::Unsendable(event) => {
+                        if let Some(&place) = self.places.get(&event.id) {
+                            self.deferrals.push(&self.events[place], &event.endpoint, 0, None, Duration::ZERO);
+                        }
                     }
                 }
             }
         }
-        self.to_start = waiting;
+        self.to_start.retain(|_, waiting| !waiting.is_empty());
     }
 
     /// An attempt of this batch finished: a failure is copied into the table path with its
@@ -229,23 +236,28 @@ mod tests {
 
     #[test]
     fn deliveries_wait_for_room_in_the_read_order_and_one_no_longer_sendable_is_copied() {
-        let routes = (1..=3).map(|n| route(n, "hook", Some("b"))).collect();
-        let mut batch = LogBatch::new(vec![event(1), event(2), event(3)], 9, routes, |name| Some(Arc::from(name)));
-        let mut started = Vec::new();
-        batch.start(|event| match event.id {
-            1 => {
-                started.push(event.id);
-                Start::Started
+        let routes = (1..=4).map(|n| route(n, "hook", Some("b"))).chain([route(5, "other", Some("b"))]).collect();
+        let events = (1..=5).map(event).collect();
+        let mut batch = LogBatch::new(events, 9, routes, |name| Some(Arc::from(name)));
+        let mut offered = Vec::new();
+        batch.start(|event| {
+            offered.push(event.id);
+            match event.id {
+                1 | 5 => Start::Started,
+                2 => Start::Unsendable(event),
+                _ => Start::NoRoom(event),
             }
-            2 => Start::Unsendable(event),
-            _ => Start::NoRoom(event),
         });
-        assert_eq!((started.as_slice(), batch.deferrals.ids.as_slice()), ([1].as_slice(), [2].as_slice()));
+        offered.sort();
+        assert_eq!(offered, [1, 2, 3, 5], "once hook has no room, its later deliveries are not offered; other's is");
+        assert_eq!(batch.deferrals.ids, [2]);
+        let mut started = Vec::new();
         batch.start(|event| {
             started.push(event.id);
             Start::Started
         });
-        assert_eq!(started, [1, 3]);
+        assert_eq!(started, [3, 4], "in the read's order");
+        assert!(!batch.is_done(), "three in flight");
     }
 
     #[test]
