@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox_core::log::{read_events, LogRead};
 
-use super::cluster::{db, Db};
+use super::cluster::{db, wait_until, Db};
 use super::receiver::{Receiver, Reply};
 
 /// Takes the reader's lease as a new relay would (fence 0); its fence and the slot's state.
@@ -274,6 +274,28 @@ fn the_workers_deliver_from_the_slot_signed_once_each_and_record_nothing_for_an_
     });
     leave_log_mode(&mut db);
     db.execute("SELECT outbox_endpoint_drop('log-fast')");
+}
+
+#[test]
+fn a_commit_into_the_log_wakes_the_reader_also_while_a_read_is_on_its_way() {
+    let mut db = db();
+    // No poll for an hour: only a commit's wakeup reads the log.
+    db.configure(&[("outbox.poll_interval", "1h")]);
+    let receiver = Receiver::start(Reply::Hold);
+    log_mode_with_workers(&mut db, "log-woken", &receiver.url, "woken.*");
+    let first = db.enqueue("woken.first", "{}");
+    wait_until("the reader, woken by the commit, sends the first event", Duration::from_secs(10), || receiver.held() == 1);
+    let second = db.enqueue("woken.second", "{}");
+    receiver.set_reply(Reply::Status(204));
+    receiver.release();
+    db.wait_for(
+        "the second event, committed while the first was on its way, is read once that read is confirmed",
+        Duration::from_secs(10),
+        |_| !receiver.deliveries_of(second).is_empty(),
+    );
+    assert_eq!(receiver.deliveries_of(first).len(), 1);
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop('log-woken')");
 }
 
 #[test]
