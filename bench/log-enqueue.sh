@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Log mode's enqueue, before it is built: what each design costs the producer's transaction,
-# against a plain INSERT of the event row and table mode's outbox_enqueue, and how fast a
-# logical slot hands the log back. Written to bench/RESULTS-log-mode.md. See bench/README.md.
-# One cluster on 127.0.0.1 with wal_level = logical and no library loaded, the SQL install by
-# `outbox migrate`; pgbench, 8 clients, one event per transaction, five interleaved rounds of
-# 5 s per design and commit setting, each figure the median of its five.
+# Log mode's enqueue: what it costs the producer's transaction, against a plain INSERT of the
+# event row and table mode's outbox_enqueue, beside the design not chosen (a logical message),
+# and how fast a logical slot hands the log back. Written to bench/RESULTS-log-mode.md. See
+# bench/README.md. One cluster on 127.0.0.1 with wal_level = logical and no library loaded, the
+# SQL install by `outbox migrate` into two databases, one in log mode; pgbench, 8 clients, one
+# event per transaction, five interleaved rounds of 5 s per design and commit setting, each
+# figure the median of its five.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,14 +24,13 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 start_cluster "$DIR/pg" "$PORT" "shared_preload_libraries = ''" "wal_level = logical" "max_wal_size = '4GB'"
-target/release/outbox migrate --database-url "postgres://postgres@127.0.0.1:$PORT/postgres" 2>/dev/null
-q "SELECT outbox.outbox_endpoint_set('default', 'http://127.0.0.1:9/', '{*}')" >/dev/null
-# The append-only design: one row per event in a table partitioned by day, with no index, no
-# update and no delete: old days are dropped whole. Its id comes from the outbox's sequence.
-q "CREATE TABLE outbox.outbox_log (id bigint NOT NULL, topic text NOT NULL, payload jsonb NOT NULL, key text,
-                                   created_at timestamptz NOT NULL DEFAULT now()) PARTITION BY RANGE (created_at);
-   CREATE TABLE outbox.outbox_log_today PARTITION OF outbox.outbox_log
-          FOR VALUES FROM (date_trunc('day', now()) - interval '1 day') TO (date_trunc('day', now()) + interval '2 days')" >/dev/null
+q "CREATE DATABASE logmode" >/dev/null
+for database in postgres logmode; do
+  target/release/outbox migrate --database-url "postgres://postgres@127.0.0.1:$PORT/$database" 2>/dev/null
+  psql_cluster -d "$database" -tAq -c "SELECT outbox.outbox_endpoint_set('default', 'http://127.0.0.1:9/', '{*}')" >/dev/null
+done
+# Log mode (no relay reads it here): each enqueue writes one row into outbox_log.
+psql_cluster -d logmode -tAq -c "SELECT outbox.outbox_set_mode('log')" >/dev/null
 
 PAYLOAD='{"order_id": 1, "total": 42.5}'
 cat > "$DIR/insert.sql" <<SQL
@@ -39,9 +39,11 @@ SQL
 cat > "$DIR/enqueue.sql" <<SQL
 SELECT outbox.outbox_enqueue('order.placed', '$PAYLOAD');
 SQL
+# The append-only row alone, as log mode writes it: hourly partitions, no index, no update.
 cat > "$DIR/partition.sql" <<SQL
 INSERT INTO outbox.outbox_log (id, topic, payload) VALUES (nextval('outbox.outbox_id_seq'), 'order.placed', '$PAYLOAD');
 SQL
+cp "$DIR/enqueue.sql" "$DIR/enqueue_log.sql"
 # A logical message carries the event whole; transactional, so a rollback writes nothing a
 # decoder ever returns. With its id from the outbox's sequence, and without (the message's LSN
 # would be the id).
@@ -51,13 +53,21 @@ SQL
 cat > "$DIR/message_lsn.sql" <<SQL
 SELECT pg_logical_emit_message(true, 'outbox', json_build_object('topic', 'order.placed', 'payload', '$PAYLOAD'::jsonb)::text);
 SQL
-DESIGNS=(insert enqueue partition message message_lsn)
+DESIGNS=(insert enqueue enqueue_log partition message message_lsn)
 
-empty_tables() { q "TRUNCATE outbox.outbox, outbox.outbox_deliveries, outbox.outbox_attempts, outbox.outbox_log; CHECKPOINT" >/dev/null; }
+empty_tables() {
+  for database in postgres logmode; do
+    psql_cluster -d "$database" -tAq -c "TRUNCATE outbox.outbox, outbox.outbox_deliveries, outbox.outbox_attempts, outbox.outbox_log" >/dev/null
+  done
+  q "CHECKPOINT" >/dev/null
+}
 declare -A runs=()
 measure() { # measure DESIGN SYNCHRONOUS_COMMIT
+  local database=postgres
+  [ "$1" != enqueue_log ] || database=logmode
   empty_tables
-  runs[$1-$2]+=" $(PGOPTIONS="-c synchronous_commit=$2" pgbench_tps -c8 -j2 -T"$SECONDS_PER_RUN" -f "$DIR/$1.sql")"
+  runs[$1-$2]+=" $(PGOPTIONS="-c synchronous_commit=$2" PGHOST=127.0.0.1 PGPORT=$CLUSTER_PORT PGUSER=postgres \
+    pgbench -n -c8 -j2 -T"$SECONDS_PER_RUN" -f "$DIR/$1.sql" "$database" 2>&1 | awk '/^tps = / { printf "%.0f", $3 }')"
 }
 median5() { printf '%s\n' "$@" | sort -n | sed -n 3p; }
 
@@ -90,7 +100,7 @@ row() { # row LABEL DESIGN
 }
 insert_off=$(median5 ${runs[insert-off]}) insert_on=$(median5 ${runs[insert-on]})
 {
-  echo "# Log mode: what an enqueue costs, by design"
+  echo "# Log mode: what an enqueue costs"
   echo
   echo "\`bench/log-enqueue.sh\`, $(date -u +%Y-%m-%d), on $(nproc) cores, PostgreSQL $(q "SHOW server_version" | cut -d' ' -f1) with"
   echo "\`wal_level = logical\`: pgbench, 8 clients, one event per transaction, workers none (the"
@@ -102,7 +112,8 @@ insert_off=$(median5 ${runs[insert-off]}) insert_on=$(median5 ${runs[insert-on]}
   echo "|---|---|---|---|---|"
   row "plain INSERT of the event row into \`outbox\` (the baseline)" insert
   row "\`outbox_enqueue\`, table mode, one endpoint" enqueue
-  row "append-only: INSERT into a day partition, no index, id from the sequence" partition
+  row "\`outbox_enqueue\`, log mode" enqueue_log
+  row "the append-only row alone: INSERT into \`outbox_log\`, id from the sequence" partition
   row "logical message with the event, id from the sequence" message
   row "logical message with the event, its LSN as the id" message_lsn
   echo

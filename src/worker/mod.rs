@@ -192,9 +192,11 @@ struct WorkerWake {
 
 impl Wake for WorkerWake {
     /// Setting a latch costs a committer next to nothing: backlog or not.
+    /// Commits into the table path that did not wake the worker are noted in its slot: a
+    /// claim is due at once only if there were any (in log mode, mostly none).
     fn listen(&mut self, can_claim: bool, _backlog: bool, reads_log: bool) -> bool {
         self.slot.set_wakes_on_log(reads_log);
-        self.slot.set_wakes_on_commit(can_claim)
+        self.slot.set_wakes_on_commit(can_claim) && self.slot.table_commit_noted()
     }
 
     fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> Commits {

@@ -58,8 +58,8 @@ pub struct WorkerSlot {
     /// Whether a commit that wrote into the log should wake the worker: only while it holds
     /// the lease on reading the log's slot.
     wakes_on_log: AtomicBool,
-    /// What the commits that set the worker's latch since it last looked wrote: bits of
-    /// `COMMITTED_TABLE` and `COMMITTED_LOG`. A signal sets the latch and neither.
+    /// What the commits since the worker last looked wrote, whether they woke it or not:
+    /// bits of `COMMITTED_TABLE` and `COMMITTED_LOG`.
     committed: AtomicU8,
     pub delivered: AtomicI64,
     pub failed: AtomicI64,
@@ -141,9 +141,15 @@ impl WorkerSlot {
         self.wakes_on_log.store(reads_log, Ordering::SeqCst);
     }
 
-    /// Notes what a commit about to set the worker's latch wrote (`COMMITTED_*`).
+    /// Notes what a commit wrote (`COMMITTED_*`), before it decides whether to set the
+    /// worker's latch: a commit that does not wake the worker is still seen at its next wait.
     pub fn note_commit(&self, wrote: u8) {
         self.committed.fetch_or(wrote, Ordering::SeqCst);
+    }
+
+    /// Whether a commit into the table path was noted since the worker last took them.
+    pub fn table_commit_noted(&self) -> bool {
+        self.committed.load(Ordering::SeqCst) & COMMITTED_TABLE != 0
     }
 
     /// What the commits since the last call wrote (`COMMITTED_*` bits).

@@ -69,10 +69,11 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
 /// each run a claim that found nothing, thousands of times a second.
 fn wake_workers_for(database: pg_sys::Oid, wrote: u8) {
     for slot in registry::slots_of(database) {
+        // Noted first: a worker that starts to want wakeups after this looks at the note.
+        slot.note_commit(wrote);
         let concerns = (wrote & registry::COMMITTED_TABLE != 0 && slot.wakes_on_commit())
             || (wrote & registry::COMMITTED_LOG != 0 && slot.wakes_on_log());
         if let Some(procno) = slot.running_procno().filter(|_| concerns) {
-            slot.note_commit(wrote);
             set_latch(procno);
         }
     }
