@@ -279,10 +279,11 @@ fn the_workers_deliver_from_the_slot_signed_once_each_and_record_nothing_for_an_
 #[test]
 fn a_commit_into_the_log_wakes_the_reader_also_while_a_read_is_on_its_way() {
     let mut db = db();
-    // No poll for an hour: only a commit's wakeup reads the log.
-    db.configure(&[("outbox.poll_interval", "1h")]);
     let receiver = Receiver::start(Reply::Hold);
     log_mode_with_workers(&mut db, "log-woken", &receiver.url, "woken.*");
+    // From here on no poll for an hour: only a commit's wakeup reads the log. (A relay that
+    // holds no lease tries for it at the poll: it is taken already.)
+    db.configure(&[("outbox.poll_interval", "1h")]);
     let first = db.enqueue("woken.first", "{}");
     wait_until("the reader, woken by the commit, sends the first event", Duration::from_secs(10), || receiver.held() == 1);
     let second = db.enqueue("woken.second", "{}");

@@ -152,12 +152,26 @@ $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_set_mode(text) FROM PUBLIC;
 
+-- The state of the log's slot: ready, missing (dropped, or a standby promoted) or lost
+-- (invalidated by max_slot_wal_keep_size).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_slot_state(slot name)
+RETURNS text
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT CASE WHEN r.wal_status = 'lost' THEN 'lost' ELSE 'ready' END
+                       FROM pg_replication_slots AS r WHERE r.slot_name = slot), 'missing')
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_slot_state(name) FROM PUBLIC;
+
 -- The relay's lease on reading the slot: one relay reads it at a time, so no two deliver the
 -- same event. fence is the lease this relay holds (0: none); the lease is renewed when it
 -- still holds it, taken (with a new fence) when the holder's ran out. Returns nothing while
--- another relay holds it or before log mode was ever on; else the fence and the slot's state:
--- ready, missing (dropped, or a standby promoted), lost (invalidated by
--- max_slot_wal_keep_size), or recovering (made again, its events not yet recovered).
+-- another relay holds it or before log mode was ever on; else the fence and the slot's state
+-- (outbox_log_slot_state), recovering while a slot made again is ready but its events are not
+-- yet recovered.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_lease(fence bigint, lease_ms double precision)
 RETURNS TABLE (reader_fence bigint, slot_state text)
 LANGUAGE plpgsql
@@ -176,10 +190,9 @@ BEGIN
          WHERE (s.enabled OR s.recover_from IS NOT NULL)
            AND (held OR s.reader_until IS NULL OR s.reader_until < clock_timestamp())
         RETURNING s.reader_fence, s.slot, s.recovering)
-    SELECT l.reader_fence,
-           coalesce((SELECT CASE WHEN r.wal_status = 'lost' THEN 'lost' WHEN l.recovering THEN 'recovering' ELSE 'ready' END
-                       FROM pg_replication_slots AS r WHERE r.slot_name = l.slot), 'missing')
-      FROM leased AS l;
+    SELECT l.reader_fence, CASE WHEN t.state = 'ready' AND l.recovering THEN 'recovering' ELSE t.state END
+      FROM leased AS l
+     CROSS JOIN LATERAL (SELECT @extschema@.outbox_log_slot_state(l.slot) AS state) AS t;
 END
 $$;
 
@@ -327,8 +340,8 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_make_slot(bigint) FROM PUBLIC;
 -- and the WAL position written then (as numbers), which outbox_log_confirm takes as oldest for
 -- a position at or past it; flushed_at is the WAL position flushed then, which the read
 -- decodes at least up to, and where a read that found nothing confirms (an asynchronous
--- commit written before began_at may not be flushed yet). Only the relay that holds the lease
--- reads; any other gets no rows.
+-- commit written before began_at may not be flushed yet). Only the relay that holds the lease,
+-- and has not let it run out, reads; any other gets no rows.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read(fence bigint, max_changes integer)
 RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint, flushed_at bigint)
 LANGUAGE plpgsql
@@ -341,7 +354,8 @@ DECLARE
     position bigint := (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint;
     flushed bigint := (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint;
 BEGIN
-    SELECT * INTO state FROM @extschema@.outbox_log_state AS s WHERE s.reader_fence = fence;
+    SELECT * INTO state FROM @extschema@.outbox_log_state AS s
+     WHERE s.reader_fence = fence AND s.reader_until > clock_timestamp();
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -402,7 +416,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT s.slot,
-           CASE WHEN r.slot_name IS NULL THEN 'missing' WHEN r.wal_status = 'lost' THEN 'lost' ELSE 'ready' END,
+           @extschema@.outbox_log_slot_state(s.slot),
            coalesce((pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint, 0),
            coalesce(extract(epoch FROM now() - s.confirmed_at)::double precision, 0)
       FROM @extschema@.outbox_log_state AS s

@@ -585,10 +585,13 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             }
         }
         // What the log's last read delivered is not sent again by the next reader, which need
-        // not wait for this one's lease to run out.
-        let _ = self.confirm_log_if_done();
-        if self.log.fence != 0 {
-            let _ = self.queue.log_lease(self.log.fence, Duration::ZERO);
+        // not wait for this one's lease to run out. (A failure to confirm is logged there; the
+        // outbox gone, there is nothing to let go.)
+        if self.confirm_log_if_done().is_ok() && self.log.fence != 0 {
+            if let Err(e) = self.queue.log_lease(self.log.fence, Duration::ZERO) {
+                self.report
+                    .log(Level::Warning, &format!("the log's lease could not be let go; the next reader waits for it to run out: {e}"));
+            }
         }
         let abandoned = self.sender.in_flight();
         if abandoned > 0 {
