@@ -1456,17 +1456,17 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    -- Fences start at 1: 0 holds nothing.
-    held boolean := fence <> 0 AND fence = (SELECT s.reader_fence FROM @extschema@.outbox_log_state AS s);
 BEGIN
+    -- Whether the caller holds the lease is read from the row the UPDATE locks (fences start
+    -- at 1: 0 holds nothing). Read before it, two relays taking the lease at once could both
+    -- get it: the one that waited for the other's UPDATE would renew the fence just taken.
     RETURN QUERY
     WITH leased AS (
         UPDATE @extschema@.outbox_log_state AS s
-           SET reader_fence = CASE WHEN held THEN s.reader_fence ELSE s.reader_fence + 1 END,
+           SET reader_fence = CASE WHEN s.reader_fence = fence AND fence <> 0 THEN s.reader_fence ELSE s.reader_fence + 1 END,
                reader_until = clock_timestamp() + lease_ms * interval '1 millisecond'
          WHERE (s.enabled OR s.recover_from IS NOT NULL)
-           AND (held OR s.reader_until IS NULL OR s.reader_until < clock_timestamp())
+           AND ((s.reader_fence = fence AND fence <> 0) OR s.reader_until IS NULL OR s.reader_until < clock_timestamp())
         RETURNING s.reader_fence, s.slot, s.recovering)
     SELECT l.reader_fence, CASE WHEN t.state = 'ready' AND l.recovering THEN 'recovering' ELSE t.state END
       FROM leased AS l

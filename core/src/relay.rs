@@ -321,25 +321,14 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
     }
 
     fn read_log(&mut self, timers: &mut Timers) -> Result<(), Ended> {
-        // A lease taken less than half its length ago still holds: the read itself checks the
-        // fence, and the confirmation too.
-        let fence = if self.log.fence != 0 && Instant::now() < self.log.renew_at {
-            self.log.fence
-        } else {
-            let Some(fence) = self.lease_log(timers)? else { return Ok(()) };
-            fence
-        };
+        let Some(fence) = self.lease_log(timers)? else { return Ok(()) };
         let rows = match self.queue.log_read(fence, LOG_READ_CHANGES) {
             Ok(Some(rows)) => rows,
             Ok(None) => {
                 self.log.fence = 0;
                 return Ok(());
             }
-            Err(e) => {
-                // The slot may be gone: the lease finds out, before the next read.
-                self.log.renew_at = Instant::now();
-                return self.failed("reading the log's slot", e);
-            }
+            Err(e) => return self.failed("reading the log's slot", e),
         };
         self.log.full = rows.messages.len() >= LOG_READ_CHANGES as usize;
         self.log.starts.note(rows.began_at as u64, rows.oldest);
