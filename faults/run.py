@@ -575,8 +575,9 @@ def ordered_immediate_stop(receiver):
 
 def ordered_sql_claimer(receiver):
     """A SQL client sequences, claims and marks sent with the workers' own statements, beside
-    the two workers, on the same ordered endpoint."""
-    configure(concurrency="8")
+    the two workers, on the same ordered endpoint. Two requests each: a backlog forms, so
+    the claimer, a psql per statement, finds rows beside workers a commit wakes at once."""
+    configure(concurrency="2")
     receiver.reset(delay=0.01)
     enqueued = threading.Event()
     delivered = [0]
