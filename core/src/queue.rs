@@ -80,7 +80,7 @@ pub struct LogLease {
 
 /// What `log_read` returned: the pgoutput messages, the oldest transaction running when the
 /// read began and the WAL positions written and flushed then.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogRows {
     pub messages: Vec<Vec<u8>>,
     pub oldest: i64,

@@ -348,15 +348,19 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         };
         // Routed by the endpoints as they are, read again first if they changed (as for a
         // claim: a new secret signs every attempt started after its rotation committed).
-        let mut routes = read.events.is_empty().then(Vec::new);
         let columns = EventColumns::new(&read.events);
+        let mut routes = None;
         for _ in 0..2 {
-            if routes.is_some() {
+            if read.events.is_empty() {
+                routes = Some(Vec::new());
                 break;
             }
             match self.queue.log_route(&columns, self.endpoints.version) {
-                Ok(found) if found.is_some() => routes = found,
-                Ok(_) => self.read_endpoints()?,
+                Ok(Some(found)) => {
+                    routes = Some(found);
+                    break;
+                }
+                Ok(None) => self.read_endpoints()?,
                 Err(e) => return self.failed("routing the events read from the log", e),
             }
         }

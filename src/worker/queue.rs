@@ -145,11 +145,23 @@ fn endpoints_version(client: &mut SpiClient<'_>, queries: &Queries) -> Result<i6
 
 /// Each read and advance of the log's slot starts logical decoding, which PostgreSQL 15 says
 /// in two LOG lines: hundreds a second, gigabytes of server log a day. Only for this
-/// transaction, so that the worker's own lines are still logged; `fatal`, since
-/// log_min_messages ranks LOG above ERROR. An ERROR here comes back to the relay, which logs it.
-fn decode_quietly(client: &SpiClient<'_>) -> Result<(), pgrx::spi::SpiError> {
-    client.select("SELECT pg_catalog.set_config('log_min_messages', 'fatal', true)", None, &[])?;
-    Ok(())
+/// transaction (SET LOCAL, set directly rather than by a statement), so that the worker's own
+/// lines are still logged; `fatal`, since log_min_messages ranks LOG above ERROR. An ERROR
+/// here comes back to the relay, which logs it.
+fn decode_quietly() {
+    // SAFETY: main thread, inside a transaction; both strings are NUL-terminated literals.
+    unsafe {
+        pg_sys::set_config_option(
+            c"log_min_messages".as_ptr(),
+            c"fatal".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            true,
+            PgLogLevel::ERROR as i32,
+            false,
+        )
+    };
 }
 
 impl Queries {
@@ -376,7 +388,7 @@ impl Queue for Queries {
     fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<Option<LogRows>, QueueError> {
         let read = transaction::run(|| {
             Spi::connect(|client| {
-                decode_quietly(client)?;
+                decode_quietly();
                 let mut read: Option<LogRows> = None;
                 for row in client.select(self.log.read.as_str(), None, &[fence.into(), max_changes.into()])? {
                     match (row.get::<Vec<u8>>(1)?, read.as_mut()) {
@@ -444,7 +456,7 @@ impl Queue for Queries {
     fn log_confirm(&mut self, fence: i64, end: u64, oldest: i64) -> Result<bool, QueueError> {
         let confirmed = transaction::run(|| {
             Spi::connect_mut(|client| {
-                decode_quietly(client)?;
+                decode_quietly();
                 let args = [fence.into(), (end as i64).into(), oldest.into()];
                 client.update(self.log.confirm.as_str(), None, &args)?.first().get_one::<bool>()
             })
