@@ -335,13 +335,18 @@ class Receiver:
             return len(self.ids)
 
 
+def wait_for_requests_in_flight(receiver, share, when):
+    """Deliveries are under way and a request is open right now: the fault must meet one."""
+    wait_until(f"deliveries are under way and requests are in flight when {when}",
+               lambda: receiver.received() >= share and receiver.active > 0)
+
+
 # ---------------------------------------------------------------- scenarios
 
 def kill_a_worker(receiver):
     receiver.reset(delay=0.05)
     rolled_back = enqueue_mixed(EVENTS)
-    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
-    assert receiver.active > 0, "requests are in flight when the fault hits"
+    wait_for_requests_in_flight(receiver, EVENTS // 5, "the fault hits")
     os.kill(worker_pids()[0], signal.SIGKILL)  # the postmaster reinitializes every backend
     if RELAY_BINARY:
         RELAYS.processes[0].wait()
@@ -353,8 +358,7 @@ def kill_a_worker(receiver):
 def immediate_stop(receiver):
     receiver.reset(delay=0.05)
     rolled_back = enqueue_mixed(EVENTS)
-    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
-    assert receiver.active > 0, "requests are in flight when the fault hits"
+    wait_for_requests_in_flight(receiver, EVENTS // 5, "the fault hits")
     pg_ctl("-m", "immediate", "stop")
     start_server()
     return rolled_back, "pg_ctl stop -m immediate, start", None
@@ -606,10 +610,9 @@ def connection_cut(receiver):
     acknowledgements arrive with no connection to record them on."""
     receiver.reset(delay=0.5)
     rolled_back = enqueue_mixed(EVENTS)
-    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 10)
     rounds, cut = 0, 0
     while rounds < 5:
-        assert receiver.active > 0, "requests are in flight when the connections are cut"
+        wait_for_requests_in_flight(receiver, EVENTS // 10, "the connections are cut")
         cut += int(sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                        "WHERE application_name = 'outbox relay'") or 0)
         rounds += 1
@@ -623,8 +626,7 @@ def database_unreachable(receiver):
     outage = float(os.environ.get("FAULT_OUTAGE", "60"))
     receiver.reset(delay=0.1)
     rolled_back = enqueue_mixed(EVENTS)
-    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
-    assert receiver.active > 0, "requests are in flight when the database goes away"
+    wait_for_requests_in_flight(receiver, EVENTS // 5, "the database goes away")
     pg_ctl("-m", "fast", "stop")
     time.sleep(outage)  # the outage itself
     assert all(p.poll() is None for p in RELAYS.processes), "the relays wait for the database"
@@ -637,8 +639,7 @@ def pgbouncer_restarted(receiver):
     flight."""
     receiver.reset(delay=0.2)
     rolled_back = enqueue_mixed(EVENTS)
-    wait_until("deliveries are under way", lambda: receiver.received() >= EVENTS // 5)
-    assert receiver.active > 0, "requests are in flight when PgBouncer stops"
+    wait_for_requests_in_flight(receiver, EVENTS // 5, "PgBouncer stops")
     pid_file = next(line.split("=", 1)[1].strip() for line in open(PGBOUNCER_CONFIG) if line.startswith("pidfile"))
     pid = int(open(pid_file).read())
     subprocess.run(["sudo", "-u", "postgres", "kill", "-INT", str(pid)], check=True)

@@ -216,8 +216,11 @@ fn a_dropped_slot_is_made_again_and_every_event_not_confirmed_is_delivered() {
     let state: String = db.value(&format!("SELECT slot_state FROM outbox_log_lease({fence}, 60000)"));
     assert_eq!(state, "missing");
     assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")));
+    // Committed once the slot was made: the new slot holds it, and recovery leaves it there.
+    let during = db.enqueue("lost.during", "{}");
     // Each to log-lost and to the endpoint default, which takes every topic.
     assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 4, "the two events not confirmed");
+    assert_eq!(db.count_events(&format!("id = {during}")), 0, "an event the new slot holds is not recovered");
     for id in unconfirmed {
         db.wait_for("the workers deliver a recovered event", Duration::from_secs(30), |db| {
             db.count_to("log-lost", &format!("id = {id} AND sent_at IS NOT NULL")) == 1
@@ -227,7 +230,7 @@ fn a_dropped_slot_is_made_again_and_every_event_not_confirmed_is_delivered() {
     assert!(receiver.deliveries_of(confirmed).is_empty(), "a confirmed event is not sent again");
     // The new slot carries what comes next.
     let next = db.enqueue("lost.next", "{}");
-    assert_eq!(read(&mut db, fence).0.events.iter().map(|e| e.id).collect::<Vec<_>>(), vec![next]);
+    assert_eq!(read(&mut db, fence).0.events.iter().map(|e| e.id).collect::<Vec<_>>(), vec![during, next]);
 
     leave_log_mode(&mut db);
     db.execute("SELECT outbox_endpoint_drop('log-lost')");

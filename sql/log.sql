@@ -11,6 +11,8 @@
 -- the events of every transaction from it on are delivered again from outbox_log.
 -- reader_fence and reader_until are the lease of the one relay that reads the slot.
 -- recovering: the slot was made again, and what it did not hold is not yet recovered.
+-- slot_made: a snapshot taken just after the slot was made. What it sees as committed is not in
+-- the slot and is recovered; what it does not see is in the slot, and only there.
 -- confirmed_at: when the relay last confirmed, which it does after each read (an empty one
 -- too, so that the slot keeps no WAL of other tables' writes): the slot's lag in time.
 CREATE TABLE @extschema@.outbox_log_state (
@@ -23,6 +25,7 @@ CREATE TABLE @extschema@.outbox_log_state (
     reader_fence  bigint      NOT NULL DEFAULT 0,
     reader_until  timestamptz,
     recovering    boolean     NOT NULL DEFAULT false,
+    slot_made     pg_snapshot,
     confirmed_at  timestamptz
 );
 
@@ -238,9 +241,10 @@ $$;
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_defer(bigint[], text[], text[], text[], text[], text[], integer[], text[], double precision[]) FROM PUBLIC;
 
 -- After the slot was lost (dropped, invalidated, or not on a promoted standby) and made again:
--- every event of a transaction from recover_from on goes to the table path, due now, for each
--- endpoint it is routed to. Some were delivered already, and are delivered again (consumers
--- deduplicate by id); none is missed. Returns how many deliveries it made.
+-- every event of a transaction from recover_from on that committed before the new slot was
+-- made goes to the table path, due now, for each endpoint it is routed to. Some were delivered
+-- already, and are delivered again (consumers deduplicate by id); none is missed. Those
+-- committed later are the new slot's alone. Returns how many deliveries it made.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_recover(fence bigint)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -249,9 +253,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     recover xid8;
+    made_at pg_snapshot;
     made bigint;
 BEGIN
-    SELECT s.recover_from INTO recover FROM @extschema@.outbox_log_state AS s WHERE s.reader_fence = fence FOR UPDATE;
+    SELECT s.recover_from, s.slot_made INTO recover, made_at
+      FROM @extschema@.outbox_log_state AS s WHERE s.reader_fence = fence FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox_log_recover: another relay reads the log now' USING ERRCODE = 'lock_not_available';
     END IF;
@@ -261,10 +267,11 @@ BEGIN
       INTO made
       FROM @extschema@.outbox_log AS l
       JOIN @extschema@.outbox_endpoints AS r ON r.topics OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(l.topic)
-     WHERE l.xact >= coalesce(recover, '0'::xid8);
+     WHERE l.xact >= coalesce(recover, '0'::xid8)
+       AND (made_at IS NULL OR pg_visible_in_snapshot(l.xact, made_at));
     -- From here on, the new slot holds whatever is not delivered.
     UPDATE @extschema@.outbox_log_state
-       SET confirmed_lsn = NULL, recover_from = pg_snapshot_xmin(pg_current_snapshot()), recovering = false;
+       SET confirmed_lsn = NULL, recover_from = pg_snapshot_xmin(pg_current_snapshot()), recovering = false, slot_made = NULL;
     RETURN coalesce(made, 0);
 END
 $$;
@@ -325,8 +332,10 @@ BEGIN
         PERFORM pg_drop_replication_slot(state.slot);
     END IF;
     PERFORM pg_create_logical_replication_slot(state.slot, 'pgoutput');
-    -- Until outbox_log_recover has run, whatever stops the relay now.
-    UPDATE @extschema@.outbox_log_state SET recovering = true;
+    -- Until outbox_log_recover has run, whatever stops the relay now. This statement's snapshot
+    -- is taken after the slot was made, so every transaction it does not see commits after the
+    -- slot's consistent point.
+    UPDATE @extschema@.outbox_log_state SET recovering = true, slot_made = pg_current_snapshot();
     RETURN true;
 END
 $$;
