@@ -16,7 +16,7 @@ use crate::log::read_events;
 use crate::queue::{AttemptColumns, ClaimArguments, Claimed, DeadDelivery, FailureColumns, Queue, QueueError};
 use crate::settings::Settings;
 pub use crate::timers::Commits;
-use crate::timers::{Timers, ACK_RETRY};
+use crate::timers::{Timers, Waiting, ACK_RETRY, SILENT_FINISH_CHECK};
 
 /// How long a stopping relay waits for requests in flight before abandoning them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -202,8 +202,15 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             self.delete_expired_if_due(timers)?;
             let can_claim = self.can_claim();
             timers.claim_due |= self.wake.listen(can_claim, self.backlog, self.log.fence != 0);
-            let sleep = timers.sleep(can_claim, !self.unrecorded_acks.is_empty());
-            let commits = self.wake.wait(self.sender.doorbell().fd(), sleep);
+            let doorbell = self.sender.doorbell();
+            let sleep = timers.sleep(Waiting {
+                can_claim,
+                acks_to_record: !self.unrecorded_acks.is_empty(),
+                finishes_may_be_silent: doorbell.may_be_silent(),
+                log_read_on_its_way: self.log.batch.is_some(),
+                renew_log_lease_at: self.log.batch.as_ref().map(|_| self.log.renew_at),
+            });
+            let commits = self.wake.wait(doorbell.fd(), sleep);
             timers.after_wait(commits, self.settings.poll_interval);
         }
     }
@@ -571,7 +578,9 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
     fn finish_in_flight(&mut self) {
         let deadline = Instant::now() + SHUTDOWN_GRACE;
         while (self.sender.in_flight() > 0 || !self.unrecorded_acks.is_empty()) && Instant::now() < deadline {
-            self.wake.wait(self.sender.doorbell().fd(), deadline.saturating_duration_since(Instant::now()).min(ACK_RETRY));
+            let doorbell = self.sender.doorbell();
+            let check = if doorbell.may_be_silent() { SILENT_FINISH_CHECK } else { ACK_RETRY };
+            self.wake.wait(doorbell.fd(), deadline.saturating_duration_since(Instant::now()).min(check));
             let finished = self.sender.take_finished();
             if self.record_finished(finished).is_err() {
                 return;

@@ -5,12 +5,31 @@ use std::time::{Duration, Instant};
 /// How soon acknowledgements that could not be recorded are tried again.
 pub const ACK_RETRY: Duration = Duration::from_millis(500);
 
+/// How long a finished attempt may go unheard while the doorbell waits for more to finish
+/// (`Doorbell::ring_at`): the results of a few quick requests among many slow ones.
+pub const SILENT_FINISH_CHECK: Duration = Duration::from_millis(5);
+
 /// What the commits that ended a wait wrote: deliveries into the table path (a claim is
 /// due), events into the log (a read is due, for the relay reading it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Commits {
     pub table: bool,
     pub log: bool,
+}
+
+/// What the relay is doing as it goes to wait.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Waiting {
+    /// Some endpoint has room for a claim.
+    pub can_claim: bool,
+    /// Acknowledgements could not be recorded and are kept to try again.
+    pub acks_to_record: bool,
+    /// The doorbell waits for several attempts to finish (`Doorbell::ring_at`).
+    pub finishes_may_be_silent: bool,
+    /// Deliveries of a read of the log are on their way; the next read waits for them.
+    pub log_read_on_its_way: bool,
+    /// When the lease on reading the log is renewed, while a read is on its way.
+    pub renew_log_lease_at: Option<Instant>,
 }
 
 /// When the loop's next claim and retention pass are due.
@@ -67,16 +86,24 @@ impl Timers {
         Instant::now() >= self.next_cleanup
     }
 
-    /// How long to wait: not at all while a claim is due and possible; else until the next
-    /// poll, retention pass or retry of unrecorded acknowledgements.
-    pub fn sleep(&self, can_claim: bool, acks_waiting: bool) -> Duration {
-        if (self.claim_due && can_claim) || self.log_due {
+    /// How long to wait: not at all while a claim is due and possible, or a read of the log
+    /// (once the read on its way is confirmed); else until the next poll, retention pass or
+    /// retry of unrecorded acknowledgements, and no longer than `SILENT_FINISH_CHECK` while the
+    /// doorbell may not ring for an attempt that finished.
+    pub fn sleep(&self, relay: Waiting) -> Duration {
+        if (self.claim_due && relay.can_claim) || (self.log_due && !relay.log_read_on_its_way) {
             return Duration::ZERO;
         }
         let now = Instant::now();
         let mut until = self.next_poll.min(self.next_cleanup);
-        if acks_waiting {
+        if relay.acks_to_record {
             until = until.min(now + ACK_RETRY);
+        }
+        if relay.finishes_may_be_silent {
+            until = until.min(now + SILENT_FINISH_CHECK);
+        }
+        if let Some(renew) = relay.renew_log_lease_at {
+            until = until.min(renew);
         }
         until.saturating_duration_since(now)
     }
@@ -107,7 +134,7 @@ mod tests {
     fn a_new_loop_claims_and_reads_the_endpoints_at_once() {
         let timers = Timers::new();
         assert!(timers.claim_due && timers.endpoints_stale);
-        assert_eq!(timers.sleep(true, false), Duration::ZERO);
+        assert_eq!(timers.sleep(Waiting { can_claim: true, ..Waiting::default() }), Duration::ZERO);
     }
 
     #[test]
@@ -119,11 +146,25 @@ mod tests {
         timers.endpoints_stale = false;
         timers.log_due = false;
         timers.after_claim(false, Duration::from_secs(60));
-        let sleep = timers.sleep(true, false);
+        let sleep = timers.sleep(Waiting { can_claim: true, ..Waiting::default() });
         assert!(sleep > Duration::from_secs(59) && sleep <= Duration::from_secs(60), "{sleep:?}");
-        assert!(timers.sleep(true, true) <= ACK_RETRY, "acknowledgements to record are retried sooner");
+        let can_claim = Waiting { can_claim: true, ..Waiting::default() };
+        assert!(timers.sleep(Waiting { acks_to_record: true, ..can_claim }) <= ACK_RETRY, "acknowledgements to record are retried sooner");
+        assert!(
+            timers.sleep(Waiting { finishes_may_be_silent: true, ..can_claim }) <= SILENT_FINISH_CHECK,
+            "a finished attempt the doorbell has not rung for is looked for"
+        );
         timers.after_wait(Commits { table: false, log: true }, Duration::from_secs(60));
         assert!(!timers.claim_due && timers.log_woken && !timers.log_due, "a commit into the log reads it, and claims nothing");
+        timers.log_due = true;
+        let renew_at = Instant::now() + Duration::from_secs(5);
+        let reading = Waiting { log_read_on_its_way: true, renew_log_lease_at: Some(renew_at), ..can_claim };
+        let sleep = timers.sleep(reading);
+        assert!(
+            sleep > Duration::from_secs(4) && sleep <= Duration::from_secs(5),
+            "the next read waits for the one on its way, and the lease's renewal does not: {sleep:?}"
+        );
+        timers.log_due = false;
         timers.after_wait(Commits { table: true, log: false }, Duration::from_secs(60));
         assert!(timers.claim_due && !timers.endpoints_stale, "a commit into the table path claims without reading the endpoints");
     }
@@ -136,6 +177,6 @@ mod tests {
         timers.claim_due = false;
         timers.log_due = false;
         timers.next_cleanup = Instant::now() + Duration::from_secs(3600);
-        assert!(timers.sleep(true, false) <= Duration::from_secs(1));
+        assert!(timers.sleep(Waiting { can_claim: true, ..Waiting::default() }) <= Duration::from_secs(1));
     }
 }
