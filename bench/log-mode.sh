@@ -12,7 +12,7 @@ LATENCY_SECONDS=${BENCH_LATENCY_SECONDS:-20}
 LATENCY_RATE=${BENCH_LATENCY_RATE:-5000}
 . bench/lib.sh
 
-scripts/setup.sh nginx-light
+scripts/setup.sh nginx-light wrk
 . scripts/cluster.sh
 install_extension
 
@@ -134,6 +134,12 @@ latency table
 table_latency="$latency_events events ($((latency_events / LATENCY_SECONDS))/s): p50 $p50 ms, p99 $p99 ms, max $pmax ms"
 latency log
 
+# The work of a drain without the relay: the same receiver's rate for event-sized POSTs from
+# wrk (C, 128 connections, one thread like the relay's), on the same cores.
+echo "== ceiling: wrk POSTs to the receiver"
+receiver_rps=$(wrk -t1 -c128 -d10s -s bench/post.lua "http://127.0.0.1:$RECEIVER_PORT/load" | awk '/^Requests\/sec:/ { printf "%.0f", $2 }')
+echo "receiver: $receiver_rps requests/s"
+
 pg_version=$(q "SHOW server_version" | cut -d' ' -f1)
 cat > bench/RESULTS-log-delivery.md <<EOF
 # Log mode: delivery beside table mode
@@ -149,7 +155,10 @@ $ROUNDS interleaved rounds.
 | to three endpoints (deliveries/s) | ${medians[table_3]} | ${medians[log_3]} | $(percent "${medians[log_3]}" "${medians[table_3]}") |
 
 Table mode's drain ends when every delivery is marked sent; log mode's when the slot is
-confirmed past the last event (every delivery acknowledged, none written).
+confirmed past the last event (every delivery acknowledged, none written). The HTTP work
+alone, event-sized POSTs from wrk (one thread, 128 connections) to the same receiver on the
+same cores, runs at $receiver_rps requests/s: that is the ceiling of a drain here, with no
+database at all.
 
 Commit to receipt, pgbench (16 clients, \`synchronous_commit = on\`) asked for $LATENCY_RATE
 events/s for ${LATENCY_SECONDS} s, on these 2 cores beside the relay and the receiver. Log mode

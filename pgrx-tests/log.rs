@@ -8,6 +8,7 @@ use outbox_core::log::{read_events, LogRead};
 
 use super::cluster::{db, wait_until, Db};
 use super::receiver::{Receiver, Reply};
+use super::security::plant;
 
 /// Takes the reader's lease as a new relay would (fence 0); its fence and the slot's state.
 fn lease(db: &mut Db) -> Option<(i64, String)> {
@@ -382,4 +383,70 @@ fn a_slot_lost_while_a_read_is_on_its_way_is_made_again_and_that_read_recovered(
     db.execute("SELECT outbox_endpoint_drop('log-held')");
     db.execute("ALTER SYSTEM RESET outbox.lease");
     db.configure(&[]);
+}
+
+/// What log mode runs (the reader's lease, read, routing, copy into the table path, recovery
+/// and partition upkeep) with a non-superuser's look-alikes of what it calls planted in
+/// public: none of them runs.
+#[test]
+fn nothing_a_non_superuser_plants_runs_when_the_relay_reads_the_log() {
+    let mut db = db();
+    db.fresh_role("mallory");
+    db.execute(
+        "DROP TABLE IF EXISTS public.planted_calls;
+         CREATE TABLE public.planted_calls (what text);
+         GRANT INSERT ON public.planted_calls TO PUBLIC",
+    );
+    plant(&mut db, "public");
+    // Closer matches than pg_catalog's for what routing calls: a concat of texts (pg_catalog's
+    // takes "any"), and a text[] overlap.
+    db.execute("SET ROLE mallory");
+    db.execute(
+        "CREATE FUNCTION public.concat(text, text, text, text, text, text, text) RETURNS text LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO public.planted_calls VALUES ('concat');
+           EXECUTE 'ALTER ROLE mallory SUPERUSER';
+           RETURN pg_catalog.concat($1, $2, $3, $4, $5, $6, $7);
+         END $$;
+         CREATE FUNCTION public.planted_overlap(text[], text[]) RETURNS boolean LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO public.planted_calls VALUES ('&&');
+           EXECUTE 'ALTER ROLE mallory SUPERUSER';
+           RETURN $1 OPERATOR(pg_catalog.&&) $2;
+         END $$;
+         CREATE OPERATOR public.&& (LEFTARG = text[], RIGHTARG = text[], FUNCTION = public.planted_overlap);",
+    );
+    db.execute("RESET ROLE");
+
+    let (healthy, failing) = (Receiver::start(Reply::Status(204)), Receiver::start(Reply::Status(503)));
+    log_mode_with_workers(&mut db, "log-planted", &healthy.url, "planted.*");
+    db.execute(&format!("SELECT outbox_endpoint_set('log-planted-failing', '{}', '{{planted.*}}')", failing.url));
+    let delivered = db.enqueue("planted.one", "{}");
+    db.wait_for("an event is delivered from the log", Duration::from_secs(30), |_| !healthy.deliveries_of(delivered).is_empty());
+    db.wait_for("its failure is copied into the table path", Duration::from_secs(30), |db| {
+        db.count_to("log-planted-failing", &format!("id = {delivered} AND attempts >= 1")) == 1
+    });
+    db.wait_for("the slot is dropped between two reads", Duration::from_secs(10), |db| {
+        db.client.batch_execute("SELECT pg_drop_replication_slot(slot) FROM outbox_log_state").is_ok()
+    });
+    let after = db.enqueue("planted.two", "{}");
+    db.wait_for("the slot is made again and the next event delivered", Duration::from_secs(30), |_| {
+        !healthy.deliveries_of(after).is_empty()
+    });
+    db.execute("SELECT outbox_log_maintain()");
+
+    let ran: Vec<String> = db.column("SELECT what FROM public.planted_calls");
+    assert!(ran.is_empty(), "planted objects ran: {ran:?}");
+    assert!(!db.value::<bool>("SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'"), "mallory became a superuser");
+    // The plants are live: calls that look in public first reach them (rolled back: they make
+    // mallory a superuser).
+    let mut live = db.client.transaction().expect("begin");
+    live.batch_execute("SET LOCAL search_path = public, pg_catalog").expect("search_path");
+    live.query_one("SELECT concat('a', 'b', 'c', 'd', 'e', 'f', 'g'), ARRAY['a'] && ARRAY['b']", &[]).expect("the plants");
+    let caught: i64 = live.query_one("SELECT count(*) FROM public.planted_calls", &[]).expect("count").get(0);
+    assert_eq!(caught, 2, "the planted concat and && catch calls that look in public");
+    live.rollback().expect("rollback");
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop(n) FROM unnest(ARRAY['log-planted', 'log-planted-failing']) AS n");
+    db.execute("DROP TABLE public.planted_calls; DROP OWNED BY mallory");
 }

@@ -12,7 +12,7 @@ use super::receiver::{Receiver, Reply};
 /// `*(bigint, interval)` operator (0.1.0's claim multiplied a bigint by an interval) and a
 /// `json_build_object` overload of the claim's exact argument types. Each records that it ran
 /// and tries to make mallory a superuser.
-fn plant(db: &mut Db, schema: &str) {
+pub(super) fn plant(db: &mut Db, schema: &str) {
     db.execute(&format!("GRANT USAGE, CREATE ON SCHEMA {schema} TO mallory"));
     db.execute("SET ROLE mallory");
     db.execute(&format!(
