@@ -16,6 +16,7 @@ import base64
 import http.client
 import json
 import os
+import pwd
 import random
 import signal
 import subprocess
@@ -656,19 +657,62 @@ ORDERED_SCENARIOS = [ordered_503s, ordered_kill_a_worker, ordered_immediate_stop
 SCENARIOS = [kill_a_worker, immediate_stop, fast_shutdown, receiver_outage, hanging_receiver, cut_mid_response,
              lease_shorter_than_request, two_replicas, long_transaction]
 
-# Log mode has no claims of its own to race or hold: the scenarios about claims stay out.
+# ---------------------------------------------------------------- log mode only
+
+def failover_to_a_standby(receiver):
+    """The primary dies with requests in flight, and a streaming standby is promoted. PostgreSQL
+    15 copies no slot to a standby: the promoted server's workers find the log's slot missing,
+    make it again and recover every event the old one had not confirmed. The standby is the
+    cluster from here on (its server log too), so this runs last."""
+    global DATA, PORT
+    standby = os.path.normpath(f"{DATA}/../../pg-standby")
+    standby_port = str(int(PORT) + 1)
+    os.makedirs(standby, exist_ok=True)
+    os.chown(standby, *pg_owner())
+    subprocess.run(["sudo", "-u", "postgres", f"{PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres",
+                    "-D", f"{standby}/data", "-R", "-X", "stream"], check=True, capture_output=True)
+    subprocess.run(["sudo", "-u", "postgres", f"{PG_BIN}/pg_ctl", "-D", f"{standby}/data", "-o", f"-p {standby_port}",
+                    "-l", f"{standby}/server.log", "-w", "start"], check=True, capture_output=True)
+    on_standby = lambda query: subprocess.run(["psql", "-h", "127.0.0.1", "-p", standby_port, "-U", "postgres", "-X", "-tAq",
+                                               "-c", query], check=True, capture_output=True, text=True).stdout.strip()
+    receiver.reset(delay=0.2)
+    rolled_back = enqueue_mixed(EVENTS)
+    wait_for_requests_in_flight(receiver, EVENTS // 5, "the primary goes away")
+    # Every commit reached the standby: what asynchronous replication may lose is not at stake here.
+    written = sql("SELECT pg_current_wal_insert_lsn()")
+    wait_until("the standby replayed every commit", lambda: on_standby(f"SELECT pg_last_wal_replay_lsn() >= '{written}'") == "t")
+    assert on_standby("SELECT count(*) FROM pg_replication_slots") == "0", "the standby has no slot"
+    pg_ctl("-m", "immediate", "stop")
+    DATA, PORT = f"{standby}/data", standby_port
+    pg_ctl("-w", "promote")
+    return rolled_back, "primary stopped (immediate), a standby with no slot promoted", None
+
+
+def pg_owner():
+    """The postgres OS user's uid and gid."""
+    entry = pwd.getpwnam("postgres")
+    return entry.pw_uid, entry.pw_gid
+
+
+# Log mode has no claims of its own to race or hold: the scenarios about claims stay out. The
+# failover leaves the promoted standby as the cluster: last.
 LOG_SCENARIOS = [kill_a_worker, immediate_stop, fast_shutdown, receiver_outage, cut_mid_response,
-                 ordered_503s, ordered_kill_a_worker, ordered_immediate_stop, ordered_sql_claimer]
+                 ordered_503s, ordered_kill_a_worker, ordered_immediate_stop, ordered_sql_claimer,
+                 failover_to_a_standby]
 
 
-def settled(log_end):
+def settled(log_end, since):
     """Nothing committed is left to send: in log mode, the slot is also confirmed up to
     `log_end`, a WAL position past the last event (every delivery read from it acknowledged,
-    or copied into the table path)."""
-    if sql("SELECT count(*) FROM outbox_deliveries WHERE sent_at IS NULL AND dead_at IS NULL") != "0":
-        return False
-    return not LOG_MODE or sql(f"SELECT r.confirmed_flush_lsn >= '{log_end}' FROM pg_replication_slots AS r "
-                               "JOIN outbox_log_state AS s ON r.slot_name = s.slot") == "t"
+    or copied into the table path), by a relay after `since`, the server's time then. One
+    snapshot: a slot made again shows, past log_end, before its events are recovered, and a
+    confirmation seen comes after the recovery that preceded it."""
+    pending = "NOT EXISTS (SELECT FROM outbox_deliveries WHERE sent_at IS NULL AND dead_at IS NULL)"
+    if not LOG_MODE:
+        return sql(f"SELECT {pending}") == "t"
+    return sql(f"SELECT {pending} AND EXISTS (SELECT FROM pg_replication_slots AS r JOIN outbox_log_state AS s "
+               f"ON r.slot_name = s.slot WHERE r.confirmed_flush_lsn >= '{log_end}' AND s.confirmed_at > '{since}' "
+               "AND NOT s.recovering)") == "t"
 
 
 def run(scenario, receiver):
@@ -683,11 +727,11 @@ def run(scenario, receiver):
     started = time.monotonic()
     rolled_back, fault, expect = scenario(receiver)
     fault_at = time.monotonic()
-    log_end = None
+    log_end, since = None, None
     if LOG_MODE:
         wait_until("the server answers", lambda: sql("SELECT 1") == "1")
-        log_end = sql("SELECT pg_current_wal_insert_lsn()")
-    wait_until("every committed event is sent or dead", lambda: settled(log_end))
+        log_end, since = sql("SELECT pg_current_wal_insert_lsn() || ' ' || clock_timestamp()").split(" ", 1)
+    wait_until("every committed event is sent or dead", lambda: settled(log_end, since))
     recovery = time.monotonic() - fault_at
     committed = set(int(i) for i in sql("SELECT id FROM outbox UNION SELECT id FROM outbox_log").split())
     dead = int(sql("SELECT count(*) FROM outbox_deliveries WHERE dead_at IS NOT NULL"))

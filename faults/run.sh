@@ -3,7 +3,7 @@
 # them), then with two `outbox relay` processes on the SQL install; each run in its own cluster,
 # with a receiver on 127.0.0.1. FAULT_EVENTS sets the size (default 2000 committed events a
 # scenario); FAULT_MODE=workers or FAULT_MODE=relays runs one of the two. Then the workers again,
-# in log mode (FAULT_MODE=log runs that alone).
+# in log mode, ending with a failover to a standby (FAULT_MODE=log runs that alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +16,11 @@ DIR=$(mktemp -d /tmp/outbox-faults.XXXXXX)
 chmod 755 "$DIR"
 PORT=15350
 RECEIVER_PORT=8797
-cleanup() { stop_cluster; rm -rf "$DIR"; }
+# The log pass ends on a promoted standby (faults/run.py's failover_to_a_standby).
+stop_standby() {
+  [ ! -f "$DIR/pg-standby/data/postmaster.pid" ] || as_postgres "$PG_BIN/pg_ctl" -D "$DIR/pg-standby/data" -m fast -w stop >/dev/null 2>&1 || true
+}
+cleanup() { stop_cluster; stop_standby; rm -rf "$DIR"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -55,4 +59,5 @@ if [ "$MODE" = all ] || [ "$MODE" = log ]; then
     "outbox.webhook_url = 'http://127.0.0.1:$RECEIVER_PORT/events'"
   psql_cluster -q -c "CREATE EXTENSION outbox_ext" -c "SELECT outbox_set_mode('log')"
   FAULT_LOG_MODE=1 FAULT_PGDATA="$DIR/pg-log/data" FAULT_PGPORT=$PORT FAULT_RECEIVER_PORT=$RECEIVER_PORT python3 faults/run.py
+  stop_standby
 fi

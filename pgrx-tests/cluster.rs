@@ -163,7 +163,17 @@ impl Db {
                     "SELECT concat_ws(' ', endpoint, 'claimed by', claimed_by, 'attempts', attempts, 'sent', sent_at IS NOT NULL, count(*))
                        FROM outbox_deliveries GROUP BY endpoint, claimed_by, attempts, sent_at IS NOT NULL ORDER BY 1",
                 );
-                panic!("timed out after {timeout:?} waiting until {what}; workers {workers:?}; activity {activity:?}; deliveries {deliveries:?}");
+                // Log mode's state, if the outbox has it (a test of an older version may not).
+                let log: Vec<String> = self.column(
+                    "SELECT concat_ws(' ', 'enabled', s.enabled, 'fence', s.reader_fence, 'until', s.reader_until, 'recovering', s.recovering,
+                                      'confirmed', s.confirmed_lsn, 'at', s.confirmed_at, 'recover from', s.recover_from,
+                                      'slot', r.slot_name, r.confirmed_flush_lsn)
+                       FROM outbox_log_state AS s LEFT JOIN pg_replication_slots AS r ON r.slot_name = s.slot
+                      WHERE to_regclass('outbox_log_state') IS NOT NULL",
+                );
+                panic!(
+                    "timed out after {timeout:?} waiting until {what}; workers {workers:?}; activity {activity:?}; deliveries {deliveries:?}; log {log:?}"
+                );
             }
             thread::sleep(Duration::from_millis(20));
         }

@@ -7,6 +7,23 @@ use std::time::Duration;
 use super::cluster::{db, wait_until, Db};
 use super::receiver::{Receiver, Reply};
 
+/// A fresh non-superuser `mallory`, and the table where planted objects record that they ran.
+pub(super) fn mallory_and_planted_calls(db: &mut Db) {
+    db.fresh_role("mallory");
+    db.execute(
+        "DROP TABLE IF EXISTS public.planted_calls;
+         CREATE TABLE public.planted_calls (what text);
+         GRANT INSERT ON public.planted_calls TO PUBLIC",
+    );
+}
+
+/// No planted object recorded a call, and mallory is no superuser.
+pub(super) fn assert_nothing_planted_ran(db: &mut Db) {
+    let ran: Vec<String> = db.column("SELECT what FROM public.planted_calls");
+    assert!(ran.is_empty(), "planted objects ran: {ran:?}");
+    assert!(!db.value::<bool>("SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'"), "mallory became a superuser");
+}
+
 /// Plants, as the non-superuser `mallory`, objects that would win operator and function
 /// resolution for the workers' statements if they looked beyond pg_catalog: a
 /// `*(bigint, interval)` operator (0.1.0's claim multiplied a bigint by an interval) and a
@@ -54,22 +71,14 @@ fn drive_everything_and_check_nothing_planted_ran(db: &mut Db, receiver: &Receiv
          SELECT * FROM outbox_workers()"
     ));
     wait_until("the requeued event is delivered", Duration::from_secs(20), || db.is_sent(failed));
-
-    let ran: Vec<String> = db.column("SELECT what FROM public.planted_calls");
-    assert!(ran.is_empty(), "planted objects ran: {ran:?}");
-    assert!(!db.value::<bool>("SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'"), "mallory became a superuser");
+    assert_nothing_planted_ran(db);
 }
 
 #[test]
 fn nothing_a_non_superuser_plants_runs_in_the_workers_or_the_functions() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Status(204));
-    db.fresh_role("mallory");
-    db.execute(
-        "DROP TABLE IF EXISTS public.planted_calls;
-         CREATE TABLE public.planted_calls (what text);
-         GRANT INSERT ON public.planted_calls TO PUBLIC",
-    );
+    mallory_and_planted_calls(&mut db);
 
     // The extension in public, as most install it; on PostgreSQL 15 the database owner may
     // create there.
