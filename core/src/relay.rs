@@ -202,13 +202,12 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             self.delete_expired_if_due(timers)?;
             let can_claim = self.can_claim();
             timers.claim_due |= self.wake.listen(can_claim, self.backlog, self.log.fence != 0);
-            let doorbell = self.sender.doorbell();
+            let doorbell = self.sender.arm_doorbell();
             let sleep = timers.sleep(Waiting {
                 can_claim,
                 acks_to_record: !self.unrecorded_acks.is_empty(),
                 finishes_may_be_silent: doorbell.may_be_silent(),
-                log_read_on_its_way: self.log.batch.is_some(),
-                renew_log_lease_at: self.log.batch.as_ref().map(|_| self.log.renew_at),
+                log_read_renews_lease_at: self.log.batch.as_ref().map(|_| self.log.renew_at),
             });
             let commits = self.wake.wait(doorbell.fd(), sleep);
             timers.after_wait(commits, self.settings.poll_interval);
@@ -578,7 +577,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
     fn finish_in_flight(&mut self) {
         let deadline = Instant::now() + SHUTDOWN_GRACE;
         while (self.sender.in_flight() > 0 || !self.unrecorded_acks.is_empty()) && Instant::now() < deadline {
-            let doorbell = self.sender.doorbell();
+            let doorbell = self.sender.arm_doorbell();
             let check = if doorbell.may_be_silent() { SILENT_FINISH_CHECK } else { ACK_RETRY };
             self.wake.wait(doorbell.fd(), deadline.saturating_duration_since(Instant::now()).min(check));
             let finished = self.sender.take_finished();

@@ -26,10 +26,9 @@ pub struct Waiting {
     pub acks_to_record: bool,
     /// The doorbell waits for several attempts to finish (`Doorbell::ring_at`).
     pub finishes_may_be_silent: bool,
-    /// Deliveries of a read of the log are on their way; the next read waits for them.
-    pub log_read_on_its_way: bool,
-    /// When the lease on reading the log is renewed, while a read is on its way.
-    pub renew_log_lease_at: Option<Instant>,
+    /// While deliveries of a read of the log are on their way (the next read waits for them):
+    /// when the lease on reading the log is renewed.
+    pub log_read_renews_lease_at: Option<Instant>,
 }
 
 /// When the loop's next claim and retention pass are due.
@@ -91,7 +90,7 @@ impl Timers {
     /// retry of unrecorded acknowledgements, and no longer than `SILENT_FINISH_CHECK` while the
     /// doorbell may not ring for an attempt that finished.
     pub fn sleep(&self, relay: Waiting) -> Duration {
-        if (self.claim_due && relay.can_claim) || (self.log_due && !relay.log_read_on_its_way) {
+        if (self.claim_due && relay.can_claim) || (self.log_due && relay.log_read_renews_lease_at.is_none()) {
             return Duration::ZERO;
         }
         let now = Instant::now();
@@ -102,7 +101,7 @@ impl Timers {
         if relay.finishes_may_be_silent {
             until = until.min(now + SILENT_FINISH_CHECK);
         }
-        if let Some(renew) = relay.renew_log_lease_at {
+        if let Some(renew) = relay.log_read_renews_lease_at {
             until = until.min(renew);
         }
         until.saturating_duration_since(now)
@@ -158,7 +157,7 @@ mod tests {
         assert!(!timers.claim_due && timers.log_woken && !timers.log_due, "a commit into the log reads it, and claims nothing");
         timers.log_due = true;
         let renew_at = Instant::now() + Duration::from_secs(5);
-        let reading = Waiting { log_read_on_its_way: true, renew_log_lease_at: Some(renew_at), ..can_claim };
+        let reading = Waiting { log_read_renews_lease_at: Some(renew_at), ..can_claim };
         let sleep = timers.sleep(reading);
         assert!(
             sleep > Duration::from_secs(4) && sleep <= Duration::from_secs(5),

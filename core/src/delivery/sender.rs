@@ -173,11 +173,11 @@ impl Sender {
         self.in_flight_to.get(endpoint).copied().unwrap_or(0)
     }
 
-    /// The doorbell to wait on: ready to read once an eighth of the requests in flight now have
-    /// finished, or the one request in flight (`RING_SHARE`). Many results are then taken in one
-    /// turn; a result that came while fewer finished waits at most `Doorbell::may_be_silent`'s
-    /// check (`timers::SILENT_FINISH_CHECK`).
-    pub fn doorbell(&self) -> &Doorbell {
+    /// Arms the doorbell for a wait and returns it: ready to read once an eighth of the requests
+    /// in flight now have finished, or the one request in flight (`RING_SHARE`). Many results
+    /// are then taken in one turn; a result that came while fewer finished waits at most
+    /// `Doorbell::may_be_silent`'s check (`timers::SILENT_FINISH_CHECK`).
+    pub fn arm_doorbell(&self) -> &Doorbell {
         self.doorbell.ring_at(self.in_flight.len() / RING_SHARE);
         &self.doorbell
     }
