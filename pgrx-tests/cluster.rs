@@ -30,6 +30,7 @@ const CHANGED_SETTINGS: &[&str] = &[
     "outbox.retention",
     "outbox.endpoint_disable_after",
     "lock_timeout",
+    "synchronous_standby_names",
 ];
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());

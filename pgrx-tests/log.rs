@@ -334,6 +334,39 @@ fn a_failing_endpoint_goes_on_in_the_table_path_and_holds_back_neither_the_slot_
     db.execute("SELECT outbox_endpoint_drop(n) FROM unnest(ARRAY['log-healthy', 'log-failing']) AS n");
 }
 
+/// A slot's position is written to disk apart from the WAL: were it confirmed past events
+/// whose copy into the table path was committed asynchronously, as the workers' claims are, a
+/// crash could keep the position and lose the copy. A synchronous standby that never connects
+/// holds every synchronous commit back (an asynchronous one does not wait): the reader must
+/// wait in its copy, with the slot still holding the events.
+#[test]
+fn a_copy_into_the_table_path_is_on_disk_before_the_slot_lets_go_of_its_events() {
+    let mut db = db();
+    let failing = Receiver::start(Reply::Status(503));
+    log_mode_with_workers(&mut db, "log-durable", &failing.url, "durable.*");
+    let slot: String = db.value("SELECT slot::text FROM outbox_log_state");
+    // This session's own commits wait for no standby.
+    db.execute("SET synchronous_commit = local");
+    db.execute("ALTER SYSTEM SET synchronous_standby_names = 'outbox_test_never_connects'");
+    db.execute("SELECT pg_reload_conf()");
+    let id = db.enqueue("durable.event", "{}");
+    db.wait_for("the reader waits for its copy of the failed delivery to be flushed", Duration::from_secs(30), |db| {
+        db.value::<i64>("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND pid <> pg_backend_pid()") > 0
+    });
+    let held: Vec<Vec<u8>> = db.column(&format!(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes('{slot}', NULL, NULL, 'proto_version', '1', 'publication_names', 'outbox_log')"
+    ));
+    let held = read_events(held.iter().map(Vec::as_slice)).expect("pgoutput messages of outbox_log");
+    assert!(held.events.iter().any(|e| e.id == id), "the slot still holds the event");
+    db.execute("ALTER SYSTEM RESET synchronous_standby_names");
+    db.execute("SELECT pg_reload_conf()");
+    db.wait_for("the copy is made once its commit is flushed", Duration::from_secs(30), |db| {
+        db.count_to("log-durable", &format!("event_id = {id} AND last_error LIKE '%503%'")) == 1
+    });
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop('log-durable')");
+}
+
 #[test]
 fn the_log_keeps_partitions_for_the_next_hours_and_drops_those_read_and_confirmed() {
     let mut db = db();

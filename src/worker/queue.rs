@@ -2,6 +2,7 @@
 //! one short transaction; none is open while a request is in flight, and an ERROR in one
 //! comes back as an `Err` (see `transaction`).
 
+use std::ffi::CStr;
 use std::time::Duration;
 
 use pgrx::prelude::*;
@@ -145,16 +146,31 @@ fn endpoints_version(client: &mut SpiClient<'_>, queries: &Queries) -> Result<i6
 
 /// Each read and advance of the log's slot starts logical decoding, which PostgreSQL 15 says
 /// in two LOG lines: hundreds a second, gigabytes of server log a day. Only for this
-/// transaction (SET LOCAL, set directly rather than by a statement), so that the worker's own
-/// lines are still logged; `fatal`, since log_min_messages ranks LOG above ERROR. An ERROR
-/// here comes back to the relay, which logs it.
+/// transaction, so that the worker's own lines are still logged; `fatal`, since
+/// log_min_messages ranks LOG above ERROR.
 fn decode_quietly() {
-    // SAFETY: main thread, inside a transaction; both strings are NUL-terminated literals.
+    set_local(c"log_min_messages", Some(c"fatal"), pg_sys::GucContext::PGC_SUSET);
+}
+
+/// This transaction commits as the server is configured to, not with the session's
+/// synchronous_commit = off (`prepare_session`): for what must be on disk before the worker
+/// goes on.
+fn commit_durably() {
+    set_local(c"synchronous_commit", None, pg_sys::GucContext::PGC_USERSET);
+}
+
+/// Sets `name` for this transaction only, to `value` or (`None`) to the server's own value,
+/// as SET LOCAL does; directly rather than by a statement, which would give the transaction
+/// an id (a slot cannot be made in one that has). An ERROR here comes back to the relay, which
+/// logs it.
+fn set_local(name: &CStr, value: Option<&CStr>, context: pg_sys::GucContext::Type) {
+    // SAFETY: main thread, inside a transaction; the strings are NUL-terminated and outlive
+    // the call (the value is copied).
     unsafe {
         pg_sys::set_config_option(
-            c"log_min_messages".as_ptr(),
-            c"fatal".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
+            name.as_ptr(),
+            value.map_or(std::ptr::null(), CStr::as_ptr),
+            context,
             pg_sys::GucSource::PGC_S_SESSION,
             pg_sys::GucAction::GUC_ACTION_LOCAL,
             true,
@@ -259,9 +275,8 @@ impl Queue for Queries {
     fn mark_sent(&mut self, acks: &AttemptColumns) -> Result<i64, QueueError> {
         let released = transaction::run(|| {
             Spi::connect_mut(|client| {
-                // Durable before the worker goes on: an acknowledged delivery is not sent again
-                // after a crash. The server's own setting, not the session's (prepare_session).
-                client.update("SET LOCAL synchronous_commit TO DEFAULT", None, &[])?;
+                // An acknowledged delivery is not sent again after a crash.
+                commit_durably();
                 let args = [
                     acks.endpoints.clone().into(),
                     acks.ids.clone().into(),
@@ -371,8 +386,13 @@ impl Queue for Queries {
 
     /// `select`, not `update`: pgrx gives the transaction an id before an update, and a slot
     /// cannot be made (nor, to be safe, read) in a transaction that has one.
+    ///
+    /// Durable before the slot is read: the slot is on disk as soon as it is made, and were
+    /// the commit that marks it recovering lost in a crash, what it does not hold would never
+    /// be recovered.
     fn log_make_slot(&mut self, fence: i64) -> Result<bool, QueueError> {
         let made = transaction::run(|| {
+            commit_durably();
             Spi::connect(|client| client.select(self.log.make_slot.as_str(), None, &[fence.into()])?.first().get_one::<bool>())
         });
         made.map(|made| made.unwrap_or(false)).map_err(|e| self.failure(e))
@@ -430,8 +450,11 @@ impl Queue for Queries {
         routes.map_err(|e| self.failure(e))
     }
 
+    /// Durable before the slot is confirmed past these events: a slot's position is written to
+    /// disk apart from the WAL, and would outlast a copy lost in a crash.
     fn log_defer(&mut self, deferrals: &Deferrals) -> Result<i64, QueueError> {
         let made = transaction::run(|| {
+            commit_durably();
             Spi::connect_mut(|client| {
                 let args = [
                     deferrals.ids.clone().into(),
