@@ -309,6 +309,40 @@ fn a_commit_into_the_log_wakes_the_reader_also_while_a_read_is_on_its_way() {
     db.execute("SELECT outbox_endpoint_drop('log-woken')");
 }
 
+/// Another relay takes the lease while a read is on its way, reads and confirms past it, and
+/// lets the lease go. The relays go on reading the log: the one that lost the lease must not
+/// confirm the slot back at its read's end, which the slot is already past.
+#[test]
+fn the_log_is_read_on_after_another_relay_took_the_lease_and_confirmed_past_a_read_on_its_way() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Hold);
+    log_mode_with_workers(&mut db, "log-taken", &receiver.url, "taken.*");
+    db.configure(&[("outbox.lease", "2s")]);
+    let first = db.enqueue("taken.first", "{}");
+    wait_until("the first event is on its way", Duration::from_secs(10), || receiver.held() == 1);
+    let thief: i64 = db.value(
+        "UPDATE outbox_log_state SET reader_fence = reader_fence + 1, reader_until = now() + interval '1 hour' RETURNING reader_fence",
+    );
+    db.enqueue("taken.second", "{}");
+    let (log, oldest) = read(&mut db, thief);
+    assert!(log.events.len() >= 2, "the other relay reads both");
+    assert!(confirm(&mut db, thief, &log, oldest));
+    db.execute("UPDATE outbox_log_state SET reader_until = NULL");
+    db.wait_for("the relay takes the lease again, the first event still on its way", Duration::from_secs(30), |db| {
+        db.value::<bool>(&format!("SELECT reader_fence > {thief} AND reader_until IS NOT NULL FROM outbox_log_state"))
+    });
+    assert_eq!(receiver.held(), 1);
+    receiver.set_reply(Reply::Status(204));
+    receiver.release();
+    let third = db.enqueue("taken.third", "{}");
+    db.wait_for("the relay takes the lease again and delivers what came after", Duration::from_secs(30), |_| {
+        !receiver.deliveries_of(third).is_empty()
+    });
+    assert_eq!(receiver.deliveries_of(first).len(), 1, "the first event's request was answered");
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop('log-taken')");
+}
+
 #[test]
 fn a_failing_endpoint_goes_on_in_the_table_path_and_holds_back_neither_the_slot_nor_the_others() {
     let mut db = db();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::delivery::{one_line, retry_delay, Attempt, AttemptKey, Destinations, Outcome, Sender, SenderError, MAX_ERROR_BYTES};
 use crate::endpoints::Endpoints;
-use crate::log::batch::{Deferrals, EventColumns, LogBatch, ReadStarts, Start, LOG_FENCE};
+use crate::log::batch::{is_log_fence, log_fence, Deferrals, EventColumns, LogBatch, ReadStarts, Start};
 use crate::log::read_events;
 use crate::queue::{AttemptColumns, ClaimArguments, Claimed, DeadDelivery, FailureColumns, Queue, QueueError};
 use crate::settings::Settings;
@@ -130,6 +130,8 @@ pub struct Relay<Q, W, R> {
 struct LogReading {
     fence: i64,
     batch: Option<LogBatch>,
+    /// How many reads were taken: the last one's number (`log_fence`).
+    reads: u32,
     starts: ReadStarts,
     /// The last read took as many changes as a read takes: read again once it is delivered.
     full: bool,
@@ -139,7 +141,18 @@ struct LogReading {
 
 impl Default for LogReading {
     fn default() -> LogReading {
-        LogReading { fence: 0, batch: None, starts: ReadStarts::default(), full: false, renew_at: Instant::now() }
+        LogReading { fence: 0, batch: None, reads: 0, starts: ReadStarts::default(), full: false, renew_at: Instant::now() }
+    }
+}
+
+impl LogReading {
+    /// The lease is lost, or taken again after it ran out: another relay may have read and
+    /// confirmed past the read on its way, which is let go of (the slot was not confirmed past
+    /// it here, so what it holds is read again).
+    fn lease_lost(&mut self) {
+        self.fence = 0;
+        self.batch = None;
+        self.starts = ReadStarts::default();
     }
 }
 
@@ -183,7 +196,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             // a log delivery gave back is the next log delivery's: claiming at each would cost
             // a statement per delivery (or per read), and the table path's few rows in log mode
             // (retries, ordered keys) are claimed at the next commit, copy or poll.
-            let table_finished: Vec<&Attempt> = finished.iter().filter(|a| a.fence != LOG_FENCE).collect();
+            let table_finished: Vec<&Attempt> = finished.iter().filter(|a| !is_log_fence(a.fence)).collect();
             timers.claim_due |= self.endpoints.room_regained(&table_finished, &self.sender, &self.settings)
                 || (self.left_out && !table_finished.is_empty())
                 || (self.sender.busy_endpoints() < busy && !table_finished.is_empty());
@@ -338,7 +351,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         let rows = match self.queue.log_read(fence, LOG_READ_CHANGES) {
             Ok(Some(rows)) => rows,
             Ok(None) => {
-                self.log.fence = 0;
+                self.log.lease_lost();
                 return Ok(());
             }
             Err(e) => {
@@ -387,7 +400,9 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             return Ok(());
         };
         let endpoints = &self.endpoints;
-        self.log.batch = Some(LogBatch::new(read.events, end, routes, |name| endpoints.sendable(name)));
+        self.log.reads = self.log.reads.checked_add(1).unwrap_or(1);
+        let fence = log_fence(self.log.reads);
+        self.log.batch = Some(LogBatch::new(read.events, end, fence, routes, |name| endpoints.sendable(name)));
         Ok(())
     }
 
@@ -398,13 +413,13 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         let lease = match self.queue.log_lease(self.log.fence, self.settings.lease) {
             Ok(Some(lease)) => lease,
             Ok(None) => {
-                self.log.fence = 0;
+                self.log.lease_lost();
                 return Ok(None);
             }
             Err(e) => return self.failed("taking the lease on the log", e).map(|()| None),
         };
         if lease.fence != self.log.fence {
-            self.log.starts = ReadStarts::default();
+            self.log.lease_lost();
             self.log.fence = lease.fence;
         }
         self.log.renew_at = Instant::now() + self.settings.lease / 2;
@@ -464,7 +479,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             Ok(true) => Ok(Some(copied)),
             Ok(false) => {
                 self.report.log(Level::Warning, "another relay reads the log now; this one's last read may be sent again");
-                self.log.fence = 0;
+                self.log.lease_lost();
                 Ok(None)
             }
             Err(e) => {
@@ -509,7 +524,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
     fn record_finished(&mut self, finished: Vec<Attempt>) -> Result<bool, Ended> {
         self.report.finished(&finished);
         self.report.in_flight(self.sender.in_flight());
-        let (from_log, finished): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| a.fence == LOG_FENCE);
+        let (from_log, finished): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| is_log_fence(a.fence));
         if let Some(batch) = self.log.batch.as_mut() {
             for attempt in &from_log {
                 batch.finished(attempt, retry_delay(attempt.attempts, attempt.outcome.retry_after(), fastrand::f64()));
@@ -608,7 +623,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         let abandoned = self.sender.in_flight();
         if abandoned > 0 {
             self.report.log(Level::Log, &format!("stopping with {abandoned} requests in flight; their leases will return them"));
-            let attempts: AttemptColumns = self.sender.in_flight_attempts().filter(|(_, _, fence)| *fence != LOG_FENCE).collect();
+            let attempts: AttemptColumns = self.sender.in_flight_attempts().filter(|(_, _, fence)| !is_log_fence(*fence)).collect();
             if let Err(e) = self.queue.uncount_abandoned(&attempts) {
                 self.report.log(Level::Warning, &format!("the abandoned attempts still count: {e}"));
             }

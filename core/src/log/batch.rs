@@ -9,9 +9,17 @@ use std::time::Duration;
 use super::LogEvent;
 use crate::delivery::{Attempt, Event, Outcome};
 
-/// The fencing token of a delivery read from the log: it has no claim, so none; a claim's is
-/// at least 1. By it the relay tells the log's attempts from the table path's.
-pub const LOG_FENCE: i32 = 0;
+/// The fencing token of a delivery read from the log. It has no claim, whose tokens start at
+/// 1: it carries minus the number of its read instead, by which the relay tells the log's
+/// attempts from the table path's, and a late result of a read it let go of from one of a
+/// later read that holds the same event again.
+pub fn log_fence(read: u32) -> i32 {
+    -i32::try_from(read).unwrap_or(i32::MAX)
+}
+
+pub fn is_log_fence(fence: i32) -> bool {
+    fence <= 0
+}
 
 /// A row of `outbox_log_route`: event `event` (from 1, in the read's order) goes to
 /// `endpoint`, sent now with `body`, or (no body) copied into the table path.
@@ -89,6 +97,8 @@ pub struct LogBatch {
     places: HashMap<i64, usize>,
     /// Just past the read's last transaction.
     pub end: u64,
+    /// The fencing token of its deliveries (`log_fence`).
+    pub fence: i32,
     /// The deliveries not yet started, by endpoint, each in the read's order.
     to_start: HashMap<Arc<str>, VecDeque<Event>>,
     in_flight: usize,
@@ -97,16 +107,18 @@ pub struct LogBatch {
 }
 
 impl LogBatch {
-    /// The read's `events` sent as `routes` say, to the endpoints `sendable` accepts; the rest
-    /// (and every route without a body) copied into the table path, due at once.
-    pub fn new(events: Vec<LogEvent>, end: u64, routes: Vec<Route>, sendable: impl Fn(&str) -> Option<Arc<str>>) -> LogBatch {
+    /// The read's `events` sent as `routes` say, with the fencing token `fence`, to the
+    /// endpoints `sendable` accepts; the rest (and every route without a body) copied into the
+    /// table path, due at once.
+    pub fn new(events: Vec<LogEvent>, end: u64, fence: i32, routes: Vec<Route>, sendable: impl Fn(&str) -> Option<Arc<str>>) -> LogBatch {
         let places = events.iter().enumerate().map(|(place, e)| (e.id, place)).collect();
-        let mut batch = LogBatch { events, places, end, to_start: HashMap::new(), in_flight: 0, deferrals: Deferrals::default() };
+        let (to_start, deferrals) = (HashMap::new(), Deferrals::default());
+        let mut batch = LogBatch { events, places, end, fence, to_start, in_flight: 0, deferrals };
         for route in routes {
             let Some(event) = usize::try_from(route.event - 1).ok().and_then(|i| batch.events.get(i)) else { continue };
             match (route.body, sendable(&route.endpoint)) {
                 (Some(body), Some(endpoint)) => {
-                    let delivery = Event { endpoint: endpoint.clone(), id: event.id, attempts: 1, fence: LOG_FENCE, body: body.into() };
+                    let delivery = Event { endpoint: endpoint.clone(), id: event.id, attempts: 1, fence, body: body.into() };
                     batch.to_start.entry(endpoint).or_default().push_back(delivery);
                 }
                 _ => batch.deferrals.push(event, &route.endpoint, 0, None, Duration::ZERO),
@@ -139,9 +151,12 @@ impl LogBatch {
         self.to_start.retain(|_, waiting| !waiting.is_empty());
     }
 
-    /// An attempt of this batch finished: a failure is copied into the table path with its
-    /// error, due after `retry_in`.
+    /// An attempt finished: one of this batch's counts (a failure is copied into the table
+    /// path with its error, due after `retry_in`); one of an earlier read does not.
     pub fn finished(&mut self, attempt: &Attempt, retry_in: Duration) {
+        if attempt.fence != self.fence {
+            return;
+        }
         self.in_flight = self.in_flight.saturating_sub(1);
         if attempt.outcome == Outcome::Delivered {
             return;
@@ -203,14 +218,14 @@ mod tests {
     }
 
     fn attempt(event: &Event, outcome: Outcome) -> Attempt {
-        Attempt { endpoint: event.endpoint.clone(), id: event.id, attempts: 1, fence: LOG_FENCE, outcome, took: Duration::ZERO }
+        Attempt { endpoint: event.endpoint.clone(), id: event.id, attempts: 1, fence: event.fence, outcome, took: Duration::ZERO }
     }
 
     #[test]
     fn routes_with_a_body_are_sent_the_rest_copied_and_failures_copied_with_their_error() {
         let routes = vec![route(1, "hook", Some("b1")), route(1, "jobs", None), route(2, "hook", Some("b2")), route(2, "gone", Some("b"))];
         let sendable = |name: &str| (name == "hook").then(|| Arc::from(name));
-        let mut batch = LogBatch::new(vec![event(10), event(11)], 99, routes, sendable);
+        let mut batch = LogBatch::new(vec![event(10), event(11)], 99, log_fence(1), routes, sendable);
         assert_eq!(batch.deferrals.endpoints, ["jobs", "gone"], "a pull endpoint's, and one the relay cannot send to");
         assert_eq!(batch.deferrals.ids, [10, 11]);
         batch.deferrals = Deferrals::default();
@@ -220,7 +235,8 @@ mod tests {
             started.push(event);
             Start::Started
         });
-        assert_eq!(started.iter().map(|e| (e.id, e.fence)).collect::<Vec<_>>(), [(10, LOG_FENCE), (11, LOG_FENCE)]);
+        assert_eq!(started.iter().map(|e| (e.id, e.fence)).collect::<Vec<_>>(), [(10, -1), (11, -1)]);
+        assert!(is_log_fence(started[0].fence) && !is_log_fence(1), "a claim's token is at least 1");
         assert!(!batch.is_done());
         batch.finished(&attempt(&started[0], Outcome::Delivered), Duration::from_secs(1));
         assert!(batch.deferrals.is_empty(), "an acknowledged delivery writes nothing");
@@ -238,7 +254,7 @@ mod tests {
     fn deliveries_wait_for_room_in_the_read_order_and_one_no_longer_sendable_is_copied() {
         let routes = (1..=4).map(|n| route(n, "hook", Some("b"))).chain([route(5, "other", Some("b"))]).collect();
         let events = (1..=5).map(event).collect();
-        let mut batch = LogBatch::new(events, 9, routes, |name| Some(Arc::from(name)));
+        let mut batch = LogBatch::new(events, 9, log_fence(1), routes, |name| Some(Arc::from(name)));
         let mut offered = Vec::new();
         batch.start(|event| {
             offered.push(event.id);
@@ -258,6 +274,27 @@ mod tests {
         });
         assert_eq!(started, [3, 4], "in the read's order");
         assert!(!batch.is_done(), "three in flight");
+    }
+
+    #[test]
+    fn a_late_result_of_a_read_let_go_of_counts_for_no_later_read_of_the_same_event() {
+        let routes = || vec![route(1, "hook", Some("b"))];
+        let sendable = |name: &str| Some(Arc::from(name));
+        let mut let_go = LogBatch::new(vec![event(10)], 9, log_fence(1), routes(), sendable);
+        let mut started = Vec::new();
+        let_go.start(|event| {
+            started.push(event);
+            Start::Started
+        });
+        let mut again = LogBatch::new(vec![event(10)], 9, log_fence(2), routes(), sendable);
+        again.start(|event| {
+            started.push(event);
+            Start::Started
+        });
+        again.finished(&attempt(&started[0], Outcome::Delivered), Duration::ZERO);
+        assert!(!again.is_done(), "the first read's attempt is not the second's");
+        again.finished(&attempt(&started[1], Outcome::Delivered), Duration::ZERO);
+        assert!(again.is_done());
     }
 
     #[test]
