@@ -309,6 +309,24 @@ fn a_commit_into_the_log_wakes_the_reader_also_while_a_read_is_on_its_way() {
     db.execute("SELECT outbox_endpoint_drop('log-woken')");
 }
 
+/// The reader renews its lease when half of it has passed, not at every read; a lease made
+/// shorter by a reload holds from the next read on, so that a relay that dies right after the
+/// reload is replaced as soon as the new length says.
+#[test]
+fn a_lease_made_shorter_holds_from_the_next_read_on() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    db.configure(&[("outbox.lease", "10min")]);
+    log_mode_with_workers(&mut db, "log-lease", &receiver.url, "lease.*");
+    assert!(db.value::<bool>("SELECT reader_until > now() + interval '5 min' FROM outbox_log_state"), "taken for ten minutes");
+    db.configure(&[("outbox.lease", "5s")]);
+    let id = db.enqueue("lease.event", "{}");
+    db.wait_for("the event is delivered", Duration::from_secs(10), |_| !receiver.deliveries_of(id).is_empty());
+    assert!(db.value::<bool>("SELECT reader_until < now() + interval '10 s' FROM outbox_log_state"), "renewed for 5 s");
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop('log-lease')");
+}
+
 /// Another relay takes the lease while a read is on its way, reads and confirms past it, and
 /// lets the lease go. The relays go on reading the log: the one that lost the lease must not
 /// confirm the slot back at its read's end, which the slot is already past.

@@ -236,6 +236,8 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
                 let destinations = allowed_destinations(&settings, &mut self.report);
                 self.sender.allow(destinations);
                 self.settings = settings;
+                // A new lease length holds from the next read on, not from the next renewal.
+                self.log.renew_at = Instant::now();
                 timers.after_reload(self.settings.poll_interval);
                 Ok(true)
             }
