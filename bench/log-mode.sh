@@ -134,6 +134,32 @@ latency table
 table_latency="$latency_events events ($((latency_events / LATENCY_SECONDS))/s): p50 $p50 ms, p99 $p99 ms, max $pmax ms"
 latency log
 
+# PostgreSQL's own streaming of the same inserts at the same rate, with no relay and no HTTP:
+# pg_recvlogical (test_decoding) over a replication connection, each event timed as it arrives.
+echo "== ceiling: pg_recvlogical at $LATENCY_RATE events/s, commit to receipt"
+q "UPDATE outbox_log_state SET reader_fence = reader_fence + 1, reader_until = now() + interval '1 hour'" >/dev/null
+empty
+q "SELECT pg_create_logical_replication_slot('bench_stream', 'test_decoding')" >/dev/null
+pg_recvlogical -h 127.0.0.1 -p "$PORT" -U postgres -d postgres --slot bench_stream --start -f - -F 0 -s 1 2>/dev/null | python3 -u -c '
+import re, sys, time
+for line in sys.stdin:
+    event = re.search(r"payload\[jsonb\]:.\{\"t\": ([0-9.]+)\}", line)
+    if event:
+        print(f"{(time.time() - float(event.group(1))) * 1000:.3f}", flush=True)' > "$DIR/stream.log" &
+PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres pgbench -n -c16 -j2 -R"$LATENCY_RATE" -T"$LATENCY_SECONDS" -f "$DIR/latency.sql" postgres >/dev/null 2>&1
+stream_events=$(q "SELECT count(*) FROM outbox_log WHERE topic = 'latency'")
+deadline=$((SECONDS + 60))
+until [ "$(wc -l < "$DIR/stream.log")" -ge "$stream_events" ]; do
+  [ $SECONDS -lt $deadline ] || { echo "bench: pg_recvlogical received $(wc -l < "$DIR/stream.log") of $stream_events" >&2; exit 1; }
+  sleep 0.05
+done
+pkill -f "slot bench_stream" || true
+wait_for "NOT active FROM pg_replication_slots WHERE slot_name = 'bench_stream'" 10
+q "SELECT pg_drop_replication_slot('bench_stream')" >/dev/null
+q "UPDATE outbox_log_state SET reader_until = NULL" >/dev/null
+read -r stream_p50 stream_p99 <<<"$(sort -n "$DIR/stream.log" | awk '{ v[NR] = $1 } END { printf "%.1f %.1f", v[int(NR * 0.5)], v[int(NR * 0.99)] }')"
+echo "pg_recvlogical over $stream_events events: p50 $stream_p50 ms, p99 $stream_p99 ms"
+
 # The work of a drain without the relay: the same receiver's rate for event-sized POSTs from
 # wrk (C, 128 connections, one thread like the relay's), on the same cores.
 echo "== ceiling: wrk POSTs to the receiver"
@@ -163,7 +189,10 @@ database at all.
 Commit to receipt, pgbench (16 clients, \`synchronous_commit = on\`) asked for $LATENCY_RATE
 events/s for ${LATENCY_SECONDS} s, on these 2 cores beside the relay and the receiver. Log mode
 committed $latency_events events ($((latency_events / LATENCY_SECONDS))/s): p50 $p50 ms, p99 $p99 ms, max $pmax ms.
-Table mode, in the same run, committed $table_latency.
+Table mode, in the same run, committed $table_latency. The same inserts at the same rate
+streamed by PostgreSQL itself, \`pg_recvlogical\` over a replication connection with no relay
+and no HTTP, arrived $stream_p50 ms after commit at the median (p99 $stream_p99 ms): the
+ceiling of a reader of the log here.
 
 Rounds (deliveries/s): table, one endpoint:${runs[table_1]}; log, one endpoint:${runs[log_1]};
 table, three:${runs[table_3]}; log, three:${runs[log_3]}.
