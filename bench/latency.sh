@@ -21,13 +21,10 @@ RECEIVER_PORT=8797
 URL="http://127.0.0.1:$RECEIVER_PORT/events"
 cleanup() {
   [ ! -d "$DIR/pg" ] || cp "$DIR/pg/server.log" /tmp/outbox-latency-server.log
-  stop_cluster
-  [ ! -f "$DIR/nginx.pid" ] || nginx -c "$DIR/nginx.conf" -s stop 2>/dev/null || true
-  rm -rf "$DIR"
+  stop_and_remove
 }
 trap cleanup EXIT
-sed -e "s|@DIR@|$DIR|g" -e "s|@PORT@|$RECEIVER_PORT|g" bench/nginx.conf.in > "$DIR/nginx.conf"
-nginx -c "$DIR/nginx.conf"
+start_receiver "$DIR" "$RECEIVER_PORT"
 start_cluster "$DIR/pg" 15338 "outbox.workers = 2" "max_wal_size = '4GB'" "checkpoint_timeout = '30min'" \
   "shared_preload_libraries = 'outbox_ext,auto_explain'" "auto_explain.log_min_duration = '${LATENCY_EXPLAIN_MS:-1000}ms'" \
   "auto_explain.log_nested_statements = on"

@@ -10,6 +10,20 @@ refuse_if_down_port_listens() {
   fi
 }
 
+# start_receiver DIR PORT: nginx answering 204 on 127.0.0.1:PORT (bench/nginx.conf.in), its
+# files in DIR; stop_receiver DIR stops it, if it was started.
+start_receiver() {
+  sed -e "s|@DIR@|$1|g" -e "s|@PORT@|$2|g" bench/nginx.conf.in > "$1/nginx.conf"
+  nginx -c "$1/nginx.conf"
+}
+stop_receiver() { [ ! -f "$1/nginx.pid" ] || nginx -c "$1/nginx.conf" -s stop 2>/dev/null || true; }
+# What a benchmark started in its $DIR, its cluster and receiver, stopped and removed: at exit.
+stop_and_remove() {
+  stop_cluster
+  stop_receiver "$DIR"
+  rm -rf "$DIR"
+}
+
 q() { psql_cluster -tA -c "$1"; }
 now() { date +%s.%N; }
 rate() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%.0f", n / s }'; }

@@ -21,16 +21,10 @@ chmod 755 "$DIR"
 PORT=15343
 RECEIVER_PORT=8797
 URL="http://127.0.0.1:$RECEIVER_PORT/events"
-cleanup() {
-  stop_cluster
-  [ ! -f "$DIR/nginx.pid" ] || nginx -c "$DIR/nginx.conf" -s stop 2>/dev/null || true
-  rm -rf "$DIR"
-}
-trap cleanup EXIT
+trap stop_and_remove EXIT
 trap 'exit 130' INT TERM
 
-sed -e "s|@DIR@|$DIR|g" -e "s|@PORT@|$RECEIVER_PORT|g" bench/nginx.conf.in > "$DIR/nginx.conf"
-nginx -c "$DIR/nginx.conf"
+start_receiver "$DIR" "$RECEIVER_PORT"
 start_cluster "$DIR/pg" "$PORT" "outbox.workers = 2" "wal_level = logical" "max_wal_size = '4GB'" \
   "checkpoint_timeout = '30min'" "outbox.poll_interval = '100ms'"
 q "CREATE EXTENSION outbox_ext" >/dev/null

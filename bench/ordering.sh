@@ -10,6 +10,7 @@ KEYS=${BENCH_KEYS:-1000}
 BLOCKED=${BENCH_BLOCKED_KEYS:-100}
 HOT_EVENTS=${BENCH_HOT_EVENTS:-3000}
 DURATION=${BENCH_SECONDS:-20}
+. bench/lib.sh
 
 scripts/setup.sh nginx-light
 . scripts/cluster.sh
@@ -20,19 +21,12 @@ chmod 755 "$DIR"
 PORT=15342
 RECEIVER_PORT=8798
 URL="http://127.0.0.1:$RECEIVER_PORT/events"
-cleanup() {
-  stop_cluster
-  [ ! -f "$DIR/nginx.pid" ] || nginx -c "$DIR/nginx.conf" -s stop 2>/dev/null || true
-  rm -rf "$DIR"
-}
-trap cleanup EXIT
+trap stop_and_remove EXIT
 trap 'exit 130' INT TERM
 
-sed -e "s|@DIR@|$DIR|g" -e "s|@PORT@|$RECEIVER_PORT|g" bench/nginx.conf.in > "$DIR/nginx.conf"
-nginx -c "$DIR/nginx.conf"
+start_receiver "$DIR" "$RECEIVER_PORT"
 start_cluster "$DIR/pg" "$PORT" "outbox.workers = 2" "max_wal_size = '4GB'" "checkpoint_timeout = '30min'"
 psql_cluster -q -c "CREATE EXTENSION outbox_ext"
-. bench/lib.sh
 
 ordered() { # ordered true|false: the endpoint default, with its queue emptied
   set_url ""

@@ -41,15 +41,12 @@ stop_relays() {
 cleanup() {
   stop_relays
   stop_pgbouncer "$DIR/pgbouncer"
-  stop_cluster
-  [ ! -f "$DIR/nginx.pid" ] || nginx -c "$DIR/nginx.conf" -s stop 2>/dev/null || true
-  rm -rf "$DIR"
+  stop_and_remove
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-sed -e "s|@DIR@|$DIR|g" -e "s|@PORT@|$RECEIVER_PORT|g" bench/nginx.conf.in > "$DIR/nginx.conf"
-nginx -c "$DIR/nginx.conf"
+start_receiver "$DIR" "$RECEIVER_PORT"
 start_cluster "$DIR/pg" "$PORT" "outbox.workers = 2" "max_wal_size = '4GB'" "checkpoint_timeout = '30min'"
 psql_cluster -q -c "CREATE EXTENSION outbox_ext" -c "CREATE DATABASE sqli" -c "CREATE ROLE outbox_owner LOGIN" \
   -c "GRANT CREATE ON DATABASE sqli TO outbox_owner" -c "CREATE ROLE outbox_relay LOGIN IN ROLE outbox_owner"

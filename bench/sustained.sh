@@ -24,15 +24,12 @@ PORT=15344
 RECEIVER_PORT=8796
 cleanup() {
   [ -z "${producers:-}" ] || kill "$producers" 2>/dev/null || true
-  stop_cluster
-  [ ! -f "$DIR/nginx.pid" ] || nginx -c "$DIR/nginx.conf" -s stop 2>/dev/null || true
-  rm -rf "$DIR"
+  stop_and_remove
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-sed -e "s|@DIR@|$DIR|g" -e "s|@PORT@|$RECEIVER_PORT|g" bench/nginx.conf.in > "$DIR/nginx.conf"
-nginx -c "$DIR/nginx.conf"
+start_receiver "$DIR" "$RECEIVER_PORT"
 # The server's defaults otherwise (max_wal_size, checkpoints, autovacuum): what is measured is
 # whether they keep up. /load logs nothing: half a gigabyte of receipts would be the largest
 # file here.
