@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use outbox_core::delivery::Doorbell;
 use outbox_core::relay::{Asked, Commits, Level, Wake};
+use outbox_core::timers::wait_millis;
 use postgres::fallible_iterator::FallibleIterator;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
@@ -73,7 +74,7 @@ impl Wake for ProcessWake {
     fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> Commits {
         let commits = self.commits.as_ref().map_or(-1, |bell| bell.fd());
         let mut fds = [doorbell, commits, self.signalled.as_raw_fd()].map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
-        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
+        let millis = wait_millis(timeout);
         // SAFETY: three pollfd structs the call may write; a negative fd is ignored.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
         if fds[2].revents != 0 {

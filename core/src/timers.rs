@@ -9,6 +9,13 @@ pub const ACK_RETRY: Duration = Duration::from_millis(500);
 /// (`Doorbell::ring_at`): the results of a few quick requests among many slow ones.
 pub const SILENT_FINISH_CHECK: Duration = Duration::from_millis(5);
 
+/// `timeout` in the whole milliseconds a wait takes (poll(2), `WaitLatch`), rounded up:
+/// rounded down, the last millisecond before a timer was due became waits of 0, and the loop
+/// turned hundreds of times without sleeping until the timer was due.
+pub fn wait_millis(timeout: Duration) -> i32 {
+    timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32
+}
+
 /// What the commits that ended a wait wrote: deliveries into the table path (a claim is
 /// due), events into the log (a read is due, for the relay reading it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -128,6 +135,15 @@ impl Timers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_is_never_shorter_than_its_timeout() {
+        assert_eq!(wait_millis(Duration::ZERO), 0);
+        assert_eq!(wait_millis(Duration::from_micros(1)), 1, "a timer due within a millisecond is waited for");
+        assert_eq!(wait_millis(Duration::from_micros(4_200)), 5);
+        assert_eq!(wait_millis(Duration::from_millis(5)), 5);
+        assert_eq!(wait_millis(Duration::from_secs(u64::MAX)), i32::MAX);
+    }
 
     #[test]
     fn a_new_loop_claims_and_reads_the_endpoints_at_once() {

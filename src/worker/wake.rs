@@ -17,6 +17,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 use std::time::Duration;
 
+use outbox_core::timers::wait_millis;
 use pgrx::prelude::*;
 
 use super::registry;
@@ -98,7 +99,7 @@ pub fn set_latch(procno: usize) {
 pub fn wait(timeout: Duration) {
     let events = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
     // SAFETY: main thread, this process's own latch.
-    let rc = unsafe { pg_sys::WaitLatch(pg_sys::MyLatch, events as i32, timeout.as_millis() as _, pg_sys::PG_WAIT_EXTENSION) };
+    let rc = unsafe { pg_sys::WaitLatch(pg_sys::MyLatch, events as i32, wait_millis(timeout) as _, pg_sys::PG_WAIT_EXTENSION) };
     after_wait(rc & pg_sys::WL_LATCH_SET as i32 != 0)
 }
 
@@ -139,7 +140,7 @@ impl DoorbellWait {
         };
         // SAFETY: WaitEvent is plain C data, for which all zeroes is a valid value.
         let mut occurred: [pg_sys::WaitEvent; 3] = unsafe { std::mem::zeroed() };
-        let timeout = timeout.as_millis().min(i32::MAX as u128) as _;
+        let timeout = wait_millis(timeout) as _;
         // SAFETY: main thread; `set` was made above and is still alive; `occurred` has room for
         // the 3 events passed as its length.
         let n = unsafe { pg_sys::WaitEventSetWait(set, timeout, occurred.as_mut_ptr(), 3, pg_sys::PG_WAIT_EXTENSION) };
