@@ -64,6 +64,10 @@ fn an_enqueue_in_log_mode_writes_one_row_and_the_slot_carries_what_debezium_rout
     let mut db = db();
     let error = db.client.batch_execute("SELECT outbox_set_mode('stream')").expect_err("not a mode");
     assert_eq!(error.as_db_error().map(|e| e.code().code()), Some("22023"), "{error}");
+    // Each session tries first where its last event went: this one's last went into the table.
+    leave_log_mode(&mut db);
+    let in_table: i64 = db.value("SELECT outbox_enqueue('order.placed', '{}')");
+    assert_eq!(db.count_events(&format!("id = {in_table}")), 1);
     let fence = enter_log_mode(&mut db);
     assert_eq!(db.value::<i64>("SELECT count(*) FROM pg_publication_tables WHERE pubname = 'outbox_log' AND tablename = 'outbox_log'"), 1);
     assert!(
@@ -96,9 +100,15 @@ fn an_enqueue_in_log_mode_writes_one_row_and_the_slot_carries_what_debezium_rout
     assert_eq!(lease(&mut db), None);
     assert!(!db.value::<bool>(&format!("SELECT outbox_log_confirm({}, 0, 0)", fence + 1)));
     assert!(confirm(&mut db, fence, &log, oldest));
-    assert_eq!(read(&mut db, fence).0.events, vec![], "confirmed events are not read again");
+    // The one after a scheduled event goes into the log again.
+    let next: i64 = db.value("SELECT outbox_enqueue('order.placed', '{}')");
+    let ids: Vec<i64> = read(&mut db, fence).0.events.iter().map(|event| event.id).collect();
+    assert_eq!(ids, [next], "confirmed events are not read again");
 
     leave_log_mode(&mut db);
+    let back: i64 = db.value("SELECT outbox_enqueue('order.placed', '{}')");
+    assert_eq!(db.count_events(&format!("id = {back}")), 1, "back in table mode, the session's next event is in the table");
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_log"), 0);
 }
 
 #[test]

@@ -19,7 +19,7 @@ const MAX_TOPIC_BYTES: usize = 255;
 ///
 /// It runs as the extension's owner: a role needs only EXECUTE on it, and can write nothing
 /// but a checked event through it. Declared in `sql/api.sql`; its statements are
-/// `sql/enqueue.sql` and `sql/route.sql`, and when needed `sql/note_unrouted.sql`,
+/// `sql/enqueue.sql` (in log mode `sql/enqueue_log.sql`) and `sql/route.sql`, and when needed `sql/note_unrouted.sql`,
 /// `sql/note_key_arrivals.sql`, `sql/notify_endpoints.sql` and `sql/hold_routed_endpoints.sql`.
 #[pg_extern(sql = false)]
 fn enqueue(topic: Option<&str>, payload: Option<JsonbArg>, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
@@ -162,6 +162,8 @@ struct EnqueueStatements {
     /// EXTENSION UPDATE): they are prepared again once it has log mode.
     log_state: pg_sys::Oid,
     insert_event: OwnedPreparedStatement,
+    /// None in a schema from before log mode.
+    insert_logged: Option<OwnedPreparedStatement>,
     route: OwnedPreparedStatement,
     note_unrouted: OwnedPreparedStatement,
     note_key_arrivals: OwnedPreparedStatement,
@@ -195,9 +197,14 @@ impl EnqueueStatements {
                 pg_sys::get_relname_relid(c"outbox_log_state".as_ptr(), installation.namespace),
             )
         };
-        let insert_event = if log_state == pg_sys::InvalidOid { ENQUEUE_BEFORE_LOG_MODE } else { include_str!("../sql/enqueue.sql") };
+        let (insert_event, insert_logged) = if log_state == pg_sys::InvalidOid {
+            (ENQUEUE_BEFORE_LOG_MODE, None)
+        } else {
+            (include_str!("../sql/enqueue.sql"), Some(prepare(include_str!("../sql/enqueue_log.sql"), &[text, jsonb, text, timestamptz])))
+        };
         EnqueueStatements {
-            insert_event: prepare(insert_event, &[text, jsonb, text, timestamptz]),
+            insert_event: prepare(insert_event, &[text, jsonb, text, timestamptz, pg_sys::BOOLOID.into()]),
+            insert_logged,
             route: prepare(include_str!("../sql/route.sql"), &[bigint, text, text, timestamptz]),
             note_unrouted: prepare(include_str!("../sql/note_unrouted.sql"), &[bigint]),
             note_key_arrivals: prepare(include_str!("../sql/note_key_arrivals.sql"), &[text_array, text]),
@@ -219,11 +226,16 @@ impl EnqueueStatements {
     }
 }
 
-/// sql/enqueue.sql for a schema from before log mode: the event into outbox, never the log.
-const ENQUEUE_BEFORE_LOG_MODE: &str = "INSERT INTO @extschema@.outbox (topic, payload, key) VALUES ($1, $2, $3) RETURNING id, false";
+/// sql/enqueue.sql for a schema from before log mode: the event into outbox, whatever the
+/// mode ($4 and $5) says.
+const ENQUEUE_BEFORE_LOG_MODE: &str =
+    "INSERT INTO @extschema@.outbox (topic, payload, key) SELECT $1, $2, $3 WHERE $4::pg_catalog.timestamptz IS NULL OR $5 OR true RETURNING id";
 
 thread_local! {
     static ENQUEUE: std::cell::RefCell<Option<EnqueueStatements>> = const { std::cell::RefCell::new(None) };
+    /// Where this session's last event went (true: the log). Its next one is tried there
+    /// first, so that an enqueue runs one statement in either mode.
+    static LAST_LOGGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Writes the event and its deliveries; returns the event's id, and whether it went into the
@@ -241,15 +253,40 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
                 *cached = Some(EnqueueStatements::prepare(client));
             }
             let statements = cached.as_ref().expect("prepared above");
-            let inserted = client
-                .update(&statements.insert_event, None, &[topic.into(), payload.into(), key.into(), deliver_at.into()])
-                .unwrap_or_else(|e| fail("insert failed", e));
-            let row = inserted.first();
-            let id = row
-                .get::<i64>(1)
-                .unwrap_or_else(|e| fail("insert failed", e))
-                .unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"));
-            if row.get::<bool>(2).unwrap_or_else(|e| fail("insert failed", e)) == Some(true) {
+            // Each statement reads the mode itself and writes nothing in the other; the table
+            // takes the event whatever the mode once the log did not.
+            let first_id = |inserted: Result<pgrx::spi::SpiTupleTable, _>| -> Option<i64> {
+                let rows = inserted.unwrap_or_else(|e| fail("insert failed", e));
+                if rows.is_empty() {
+                    return None;
+                }
+                rows.first().get::<i64>(1).unwrap_or_else(|e| fail("insert failed", e))
+            };
+            let into_table = |client: &mut SpiClient<'_>, whatever_the_mode: bool| {
+                let args = [topic.into(), payload.into(), key.into(), deliver_at.into(), whatever_the_mode.into()];
+                first_id(client.update(&statements.insert_event, None, &args))
+            };
+            let into_log = |client: &mut SpiClient<'_>| {
+                let logged = statements.insert_logged.as_ref()?;
+                first_id(client.update(logged, None, &[topic.into(), payload.into(), key.into(), deliver_at.into()]))
+            };
+            let (id, logged) = if LAST_LOGGED.get() {
+                match into_log(client) {
+                    Some(id) => (Some(id), true),
+                    None => (into_table(client, true), false),
+                }
+            } else {
+                match into_table(client, false) {
+                    Some(id) => (Some(id), false),
+                    None => match into_log(client) {
+                        Some(id) => (Some(id), true),
+                        None => (into_table(client, true), false),
+                    },
+                }
+            };
+            let id = id.unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"));
+            LAST_LOGGED.set(logged);
+            if logged {
                 // Log mode: the relay routes the event when it reads it from the slot.
                 return (id, true);
             }
@@ -305,6 +342,7 @@ fn uses_one_snapshot() -> bool {
 
 /// A jsonb argument passed through as the caller gave it: enqueue stores the datum without
 /// turning it into a Rust value and back.
+#[derive(Clone, Copy)]
 pub struct JsonbArg(pg_sys::Datum);
 
 impl JsonbArg {
