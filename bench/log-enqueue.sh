@@ -2,10 +2,10 @@
 # Log mode's enqueue: what it costs the producer's transaction, against a plain INSERT of the
 # event row and table mode's outbox_enqueue, beside the design not chosen (a logical message),
 # and how fast a logical slot hands the log back. Written to bench/RESULTS-log-mode.md. See
-# bench/README.md. One cluster on 127.0.0.1 with wal_level = logical and no library loaded, the
-# SQL install by `outbox migrate` into two databases, one in log mode; pgbench, 8 clients, one
-# event per transaction, five interleaved rounds of 5 s per design and commit setting, each
-# figure the median of its five.
+# bench/README.md. One cluster on 127.0.0.1 with wal_level = logical and the library loaded with
+# no workers: the SQL install by `outbox migrate` into two databases and the extension into two
+# more, one of each in log mode; pgbench, 8 clients, one event per transaction, five
+# interleaved rounds of 5 s per design and commit setting, each figure the median of its five.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +14,7 @@ DECODED=${BENCH_DECODED_MESSAGES:-200000}
 scripts/setup.sh
 . scripts/cluster.sh
 . bench/lib.sh
+install_extension
 cargo build --release -q -p outbox
 
 DIR=$(mktemp -d /tmp/outbox-bench-log.XXXXXX)
@@ -23,14 +24,21 @@ cleanup() { stop_cluster; rm -rf "$DIR"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-start_cluster "$DIR/pg" "$PORT" "shared_preload_libraries = ''" "wal_level = logical" "max_wal_size = '4GB'"
-q "CREATE DATABASE logmode" >/dev/null
+start_cluster "$DIR/pg" "$PORT" "outbox.workers = 0" "wal_level = logical" "max_wal_size = '4GB'"
+DATABASES=(postgres logmode ext ext_log)
+for database in "${DATABASES[@]:1}"; do q "CREATE DATABASE $database" >/dev/null; done
 for database in postgres logmode; do
   target/release/outbox migrate --database-url "postgres://postgres@127.0.0.1:$PORT/$database" 2>/dev/null
+done
+# The extension in the same schema as the SQL install's, so that the same statements run.
+for database in ext ext_log; do
+  psql_cluster -d "$database" -tAq -c "CREATE SCHEMA outbox; CREATE EXTENSION outbox_ext SCHEMA outbox" >/dev/null
+done
+for database in "${DATABASES[@]}"; do
   psql_cluster -d "$database" -tAq -c "SELECT outbox.outbox_endpoint_set('default', 'http://127.0.0.1:9/', '{*}')" >/dev/null
 done
 # Log mode (no relay reads it here): each enqueue writes one row into outbox_log.
-psql_cluster -d logmode -tAq -c "SELECT outbox.outbox_set_mode('log')" >/dev/null
+for database in logmode ext_log; do psql_cluster -d "$database" -tAq -c "SELECT outbox.outbox_set_mode('log')" >/dev/null; done
 
 PAYLOAD='{"order_id": 1, "total": 42.5}'
 cat > "$DIR/insert.sql" <<SQL
@@ -43,7 +51,7 @@ SQL
 cat > "$DIR/partition.sql" <<SQL
 INSERT INTO outbox.outbox_log (id, topic, payload) VALUES (nextval('outbox.outbox_id_seq'), 'order.placed', '$PAYLOAD');
 SQL
-cp "$DIR/enqueue.sql" "$DIR/enqueue_log.sql"
+for design in enqueue_log ext_enqueue ext_enqueue_log; do cp "$DIR/enqueue.sql" "$DIR/$design.sql"; done
 # A logical message carries the event whole; transactional, so a rollback writes nothing a
 # decoder ever returns. With its id from the outbox's sequence, and without (the message's LSN
 # would be the id).
@@ -53,10 +61,10 @@ SQL
 cat > "$DIR/message_lsn.sql" <<SQL
 SELECT pg_logical_emit_message(true, 'outbox', json_build_object('topic', 'order.placed', 'payload', '$PAYLOAD'::jsonb)::text);
 SQL
-DESIGNS=(insert enqueue enqueue_log partition message message_lsn)
+DESIGNS=(insert enqueue enqueue_log ext_enqueue ext_enqueue_log partition message message_lsn)
 
 empty_tables() {
-  for database in postgres logmode; do
+  for database in "${DATABASES[@]}"; do
     psql_cluster -d "$database" -tAq -c "TRUNCATE outbox.outbox, outbox.outbox_deliveries, outbox.outbox_attempts, outbox.outbox_log" >/dev/null
   done
   q "CHECKPOINT" >/dev/null
@@ -64,7 +72,7 @@ empty_tables() {
 declare -A runs=()
 measure() { # measure DESIGN SYNCHRONOUS_COMMIT
   local database=postgres
-  [ "$1" != enqueue_log ] || database=logmode
+  case $1 in enqueue_log) database=logmode ;; ext_enqueue) database=ext ;; ext_enqueue_log) database=ext_log ;; esac
   empty_tables
   runs[$1-$2]+=" $(PGOPTIONS="-c synchronous_commit=$2" PGHOST=127.0.0.1 PGPORT=$CLUSTER_PORT PGUSER=postgres \
     pgbench -n -c8 -j2 -T"$SECONDS_PER_RUN" -f "$DIR/$1.sql" "$database" 2>&1 | awk '/^tps = / { printf "%.0f", $3 }')"
@@ -103,16 +111,18 @@ insert_off=$(median5 ${runs[insert-off]}) insert_on=$(median5 ${runs[insert-on]}
   echo "# Log mode: what an enqueue costs"
   echo
   echo "\`bench/log-enqueue.sh\`, $(date -u +%Y-%m-%d), on $(nproc) cores, PostgreSQL $(q "SHOW server_version" | cut -d' ' -f1) with"
-  echo "\`wal_level = logical\`: pgbench, 8 clients, one event per transaction, workers none (the"
-  echo "SQL install, no relay). Five interleaved rounds of ${SECONDS_PER_RUN} s per design and setting; each figure is the"
+  echo "\`wal_level = logical\`: pgbench, 8 clients, one event per transaction, no relay (the library"
+  echo "loaded with no workers). Five interleaved rounds of ${SECONDS_PER_RUN} s per design and setting; each figure is the"
   echo "median of its five, in events per second, and the ratio is to the plain INSERT at the same"
   echo "\`synchronous_commit\`."
   echo
   echo "| design | commit off (CPU-bound) | of INSERT | commit on | of INSERT |"
   echo "|---|---|---|---|---|"
   row "plain INSERT of the event row into \`outbox\` (the baseline)" insert
-  row "\`outbox_enqueue\`, table mode, one endpoint" enqueue
-  row "\`outbox_enqueue\`, log mode" enqueue_log
+  row "\`outbox_enqueue\`, table mode, one endpoint (SQL install)" enqueue
+  row "\`outbox_enqueue\`, log mode (SQL install)" enqueue_log
+  row "\`outbox_enqueue\`, table mode, one endpoint (extension)" ext_enqueue
+  row "\`outbox_enqueue\`, log mode (extension)" ext_enqueue_log
   row "the append-only row alone: INSERT into \`outbox_log\`, id from the sequence" partition
   row "logical message with the event, id from the sequence" message
   row "logical message with the event, its LSN as the id" message_lsn
