@@ -19,8 +19,9 @@ const MAX_TOPIC_BYTES: usize = 255;
 ///
 /// It runs as the extension's owner: a role needs only EXECUTE on it, and can write nothing
 /// but a checked event through it. Declared in `sql/api.sql`; its statements are
-/// `sql/enqueue.sql` (in log mode `sql/enqueue_log.sql`) and `sql/route.sql`, and when needed `sql/note_unrouted.sql`,
-/// `sql/note_key_arrivals.sql`, `sql/notify_endpoints.sql` and `sql/hold_routed_endpoints.sql`.
+/// `sql/enqueue.sql` (in log mode `sql/enqueue_log.sql`) and `sql/route.sql`, and when needed
+/// `sql/note_unrouted.sql`, `sql/note_key_arrivals.sql`, `sql/notify_endpoints.sql` and
+/// `sql/hold_routed_endpoints.sql`.
 #[pg_extern(sql = false)]
 fn enqueue(topic: Option<&str>, payload: Option<JsonbArg>, key: Option<&str>, deliver_at: Option<TimestampWithTimeZone>) -> i64 {
     let topic = match topic {
@@ -226,10 +227,9 @@ impl EnqueueStatements {
     }
 }
 
-/// sql/enqueue.sql for a schema from before log mode: the event into outbox, whatever the
-/// mode ($4 and $5) says.
-const ENQUEUE_BEFORE_LOG_MODE: &str =
-    "INSERT INTO @extschema@.outbox (topic, payload, key) SELECT $1, $2, $3 WHERE $4::pg_catalog.timestamptz IS NULL OR $5 OR true RETURNING id";
+/// sql/enqueue.sql for a schema from before log mode: the event into outbox, always. It is
+/// prepared with sql/enqueue.sql's arguments and leaves the last two unused.
+const ENQUEUE_BEFORE_LOG_MODE: &str = "INSERT INTO @extschema@.outbox (topic, payload, key) VALUES ($1, $2, $3) RETURNING id";
 
 thread_local! {
     static ENQUEUE: std::cell::RefCell<Option<EnqueueStatements>> = const { std::cell::RefCell::new(None) };
@@ -270,21 +270,13 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
                 let logged = statements.insert_logged.as_ref()?;
                 first_id(client.update(logged, None, &[topic.into(), payload.into(), key.into(), deliver_at.into()]))
             };
-            let (id, logged) = if LAST_LOGGED.get() {
-                match into_log(client) {
-                    Some(id) => (Some(id), true),
-                    None => (into_table(client, true), false),
-                }
+            let first_try = if LAST_LOGGED.get() {
+                into_log(client).map(|id| (id, true))
             } else {
-                match into_table(client, false) {
-                    Some(id) => (Some(id), false),
-                    None => match into_log(client) {
-                        Some(id) => (Some(id), true),
-                        None => (into_table(client, true), false),
-                    },
-                }
+                into_table(client, false).map(|id| (id, false)).or_else(|| into_log(client).map(|id| (id, true)))
             };
-            let id = id.unwrap_or_else(|| error!("outbox_enqueue: insert returned no id"));
+            let (id, logged) = first_try
+                .unwrap_or_else(|| (into_table(client, true).unwrap_or_else(|| error!("outbox_enqueue: insert returned no id")), false));
             LAST_LOGGED.set(logged);
             if logged {
                 // Log mode: the relay routes the event when it reads it from the slot.
