@@ -34,7 +34,8 @@ fn confirm(db: &mut Db, fence: i64, read: &LogRead, oldest: i64) -> bool {
 fn leave_log_mode(db: &mut Db) {
     db.execute("SELECT outbox_set_mode('table')");
     db.execute(
-        "UPDATE outbox_log_state SET confirmed_lsn = NULL, confirmed_at = NULL, recover_from = NULL, reader_until = NULL, recovering = false",
+        "UPDATE outbox_log_state SET confirmed_lsn = NULL, confirmed_at = NULL, recover_from = NULL, reader_until = NULL, recovering = false,
+                                     table_since = NULL, logged_below = NULL",
     );
     db.wait_for("the log's slot is dropped", Duration::from_secs(10), |db| {
         db.client
@@ -294,6 +295,62 @@ fn the_workers_deliver_from_the_slot_signed_once_each_and_record_nothing_for_an_
     });
     leave_log_mode(&mut db);
     db.execute("SELECT outbox_endpoint_drop('log-fast')");
+}
+
+#[test]
+fn back_in_table_mode_the_slot_is_dropped_once_every_event_written_into_the_log_is_delivered() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    log_mode_with_workers(&mut db, "log-back", &receiver.url, "back.*");
+    let database: String = db.value("SELECT current_database()");
+    // A snapshot taken in log mode, which outlives the switch: its enqueue goes into the log.
+    let mut late = db.connect(&database, "postgres");
+    late.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_log_state").unwrap();
+    let before = db.enqueue("back.before", "{}");
+    db.execute("SELECT outbox_set_mode('table')");
+    let after = db.enqueue("back.after", "{}");
+    db.wait_for("both are delivered", Duration::from_secs(20), |_| {
+        !receiver.deliveries_of(before).is_empty() && !receiver.deliveries_of(after).is_empty()
+    });
+    let confirmed_after_the_switch = "SELECT confirmed_at > (SELECT max(created_at) FROM outbox) FROM outbox_log_state";
+    db.wait_for("the relay confirms the log in table mode", Duration::from_secs(20), |db| {
+        db.value::<Option<bool>>(confirmed_after_the_switch) == Some(true)
+    });
+    let slot = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = (SELECT slot FROM outbox_log_state)";
+    assert_eq!(db.value::<i64>(slot), 1, "kept while a snapshot that sees log mode is left");
+    assert!(db.value::<bool>("SELECT logged_below IS NULL AND table_since IS NOT NULL FROM outbox_log_state"), "and not about to go");
+
+    let late_id: i64 = late.query_one("SELECT outbox_enqueue('back.late', '{}')", &[]).unwrap().get(0);
+    late.batch_execute("COMMIT").unwrap();
+    assert_eq!(db.value::<i64>(&format!("SELECT count(*) FROM outbox_log WHERE id = {late_id}")), 1, "written into the log");
+    db.wait_for("the late event is delivered and the slot dropped", Duration::from_secs(20), |db| {
+        !receiver.deliveries_of(late_id).is_empty() && db.value::<i64>(slot) == 0
+    });
+    assert!(db.column::<String>("SELECT slot FROM outbox_log_lag()").is_empty(), "no lag to report");
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_log_state WHERE reader_until IS NOT NULL"), 0, "no reader");
+    // Its partitions go as a log mode's do: every row is below logged_below.
+    db.execute(
+        "CREATE TABLE outbox_log_past PARTITION OF outbox_log
+           FOR VALUES FROM (date_trunc('hour', now()) - interval '3 hours') TO (date_trunc('hour', now()) - interval '2 hours')",
+    );
+    db.execute("SELECT outbox_log_maintain()");
+    assert_eq!(db.value::<Option<String>>("SELECT to_regclass('outbox_log_past')::text"), None, "a past hour's partition is dropped");
+
+    // In log mode again, a new slot: nothing of the old log comes again.
+    db.execute("SELECT outbox_set_mode('log')");
+    db.wait_for("a relay makes the slot again", Duration::from_secs(30), |db| {
+        db.value::<bool>(
+            "SELECT EXISTS (SELECT FROM pg_replication_slots AS r JOIN outbox_log_state AS s ON r.slot_name = s.slot
+                           WHERE NOT s.recovering AND s.confirmed_at IS NOT NULL)",
+        )
+    });
+    let again = db.enqueue("back.again", "{}");
+    db.wait_for("an event of the new slot is delivered", Duration::from_secs(20), |_| !receiver.deliveries_of(again).is_empty());
+    for id in [before, after, late_id, again] {
+        assert_eq!(receiver.deliveries_of(id).len(), 1, "event {id} was sent once");
+    }
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop('log-back')");
 }
 
 #[test]

@@ -15,6 +15,12 @@
 -- the slot and is recovered; what it does not see is in the slot, and only there.
 -- confirmed_at: when the relay last confirmed, which it does after each read (an empty one
 -- too, so that the slot keeps no WAL of other tables' writes): the slot's lag in time.
+-- table_since: the transaction that put the database back in table mode. A statement whose
+-- snapshot is older still sees log mode and may write into the log; once no such snapshot is
+-- left, logged_below is a transaction id above every one that wrote into the log. Once the
+-- relay has confirmed every transaction below it (recover_from reaches it), the log is
+-- delivered: the slot is dropped and the relay stops reading (outbox_log_confirm), and
+-- logged_below stays as what outbox_log_maintain may drop below.
 CREATE TABLE @extschema@.outbox_log_state (
     one           boolean     PRIMARY KEY DEFAULT true CHECK (one),
     enabled       boolean     NOT NULL DEFAULT false,
@@ -26,7 +32,9 @@ CREATE TABLE @extschema@.outbox_log_state (
     reader_until  timestamptz,
     recovering    boolean     NOT NULL DEFAULT false,
     slot_made     pg_snapshot,
-    confirmed_at  timestamptz
+    confirmed_at  timestamptz,
+    table_since   xid8,
+    logged_below  xid8
 );
 
 COMMENT ON TABLE @extschema@.outbox_log_state IS 'Log mode: whether it is on (outbox_set_mode()), the slot the relay reads, its confirmed position and the reader''s lease.';
@@ -54,8 +62,9 @@ COMMENT ON TABLE @extschema@.outbox_log IS 'Events enqueued in log mode, append-
 CREATE TABLE @extschema@.outbox_log_default PARTITION OF @extschema@.outbox_log DEFAULT;
 
 -- Makes the partitions of the next hours and drops those of hours past whose every event the
--- relay has confirmed (no row of a transaction from recover_from on); empties the default
--- partition the same way. Run by the relay with its retention and by outbox_set_mode. Returns
+-- relay has confirmed (no row of a transaction from recover_from on, or, once the log is
+-- delivered and its slot dropped, from logged_below on); empties the default partition the
+-- same way. Run by the relay with its retention and by outbox_set_mode. Returns
 -- how many partitions it made or dropped. A partition another session holds is left for the
 -- next run (lock_timeout), so that an enqueue never waits behind this for long.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_maintain()
@@ -69,7 +78,7 @@ DECLARE
     log regclass := '@extschema@.outbox_log'::regclass;
     schema text := (SELECT c.relnamespace::regnamespace::text FROM pg_class AS c WHERE c.oid = log);
     hour timestamptz := date_trunc('hour', now());
-    recover xid8 := (SELECT s.recover_from FROM @extschema@.outbox_log_state AS s);
+    recover xid8 := (SELECT coalesce(s.recover_from, s.logged_below) FROM @extschema@.outbox_log_state AS s);
     part record;
     changed integer := 0;
     name text;
@@ -98,11 +107,15 @@ BEGIN
         IF part.bound = 'DEFAULT' THEN
             DELETE FROM @extschema@.outbox_log_default AS l WHERE l.xact < recover;
         ELSIF substring(part.bound FROM 'TO \(''([^'']*)''\)')::timestamptz <= hour THEN
-            CONTINUE WHEN EXISTS (SELECT FROM @extschema@.outbox_log AS l
-                                   WHERE l.tableoid = part.partition AND l.xact >= recover);
             BEGIN
-                EXECUTE format('DROP TABLE %s', part.partition);
-                changed := changed + 1;
+                -- Locked before it is looked at: a row committed between a look and the drop
+                -- would go with the partition.
+                EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', part.partition);
+                IF NOT EXISTS (SELECT FROM @extschema@.outbox_log AS l
+                                WHERE l.tableoid = part.partition AND l.xact >= recover) THEN
+                    EXECUTE format('DROP TABLE %s', part.partition);
+                    changed := changed + 1;
+                END IF;
             EXCEPTION WHEN lock_not_available THEN
                 NULL;
             END;
@@ -118,7 +131,8 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_maintain() FROM PUBLIC;
 -- begin after this commits; returns the mode. Log mode needs wal_level = logical; it makes the
 -- publication the slot is read through and the first partitions, and marks where the relay
 -- starts: every event from here on, delivered from the slot once the relay has made it, and
--- from outbox_log before that. Back in table mode, the relay still delivers what the log holds.
+-- from outbox_log before that. Back in table mode, the relay still delivers what the log holds,
+-- then drops the slot (table_since, outbox_log_confirm).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_set_mode(mode text)
 RETURNS text
 LANGUAGE plpgsql
@@ -145,10 +159,15 @@ BEGIN
     IF mode = 'log' THEN
         PERFORM @extschema@.outbox_log_maintain();
     END IF;
+    -- recover_from is kept while the log still holds events to deliver (the slot may not even
+    -- be made yet): only a log delivered, or never used, starts again from here.
     UPDATE @extschema@.outbox_log_state AS s
        SET enabled = (mode = 'log'),
-           recover_from = CASE WHEN mode = 'log' AND NOT s.enabled AND s.confirmed_lsn IS NULL
-                               THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE s.recover_from END;
+           recover_from = CASE WHEN mode = 'log' AND s.recover_from IS NULL
+                               THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE s.recover_from END,
+           table_since = CASE WHEN mode = 'table' AND s.enabled THEN pg_current_xact_id()
+                              WHEN mode = 'table' THEN s.table_since END,
+           logged_below = CASE WHEN mode = 'table' AND s.enabled THEN NULL ELSE s.logged_below END;
     RETURN mode;
 END
 $$;
@@ -281,8 +300,11 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_recover(bigint) FROM PUBLIC;
 -- The relay confirms that every delivery of the events up to reached (a WAL position as a
 -- number) is acknowledged or copied into the table path: the slot may let go of them, and a
 -- lost slot is recovered from the transactions from oldest on (the oldest running when a read
--- began whose position was at most reached). Only the relay that holds the lease (fence) confirms; false for
--- any other.
+-- began whose position was at most reached). Only the relay that holds the lease (fence)
+-- confirms; false for any other.
+-- Back in table mode, once the log is delivered (table_since, logged_below), the slot is
+-- dropped instead of advanced and the lease let go: the relay stops reading, and the slot
+-- keeps no WAL of the table path's writes.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_confirm(fence bigint, reached bigint, oldest bigint)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -290,17 +312,40 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    slot name;
+    state @extschema@.outbox_log_state;
+    switched xid8;
+    below xid8;
     position pg_lsn := '0/0'::pg_lsn + reached::numeric;
 BEGIN
+    SELECT s.table_since INTO switched FROM @extschema@.outbox_log_state AS s WHERE NOT s.enabled;
+    -- No snapshot older than the switch is left in this database: no statement can write into
+    -- the log any more, and each one that did took its transaction id before the one this
+    -- transaction takes now (after the look, and its first: it has written nothing yet).
+    IF switched IS NOT NULL AND pg_current_xact_id_if_assigned() IS NULL
+       AND NOT EXISTS (SELECT FROM pg_stat_activity AS a
+                        WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+                          AND age(a.backend_xmin) >= age(xid(switched))) THEN
+        below := pg_current_xact_id();
+    END IF;
     UPDATE @extschema@.outbox_log_state AS s
-       SET confirmed_lsn = position, recover_from = greatest(s.recover_from, oldest::text::xid8), confirmed_at = clock_timestamp()
+       SET confirmed_lsn = position, recover_from = greatest(s.recover_from, oldest::text::xid8), confirmed_at = clock_timestamp(),
+           table_since = CASE WHEN s.table_since = switched AND below IS NOT NULL THEN NULL ELSE s.table_since END,
+           logged_below = CASE WHEN s.table_since = switched AND below IS NOT NULL THEN below ELSE s.logged_below END
      WHERE s.reader_fence = outbox_log_confirm.fence
-    RETURNING s.slot INTO slot;
+    RETURNING s.* INTO state;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM pg_replication_slot_advance(slot, position);
+    IF state.enabled OR state.logged_below IS NULL OR state.recover_from < state.logged_below THEN
+        PERFORM pg_replication_slot_advance(state.slot, position);
+        RETURN true;
+    END IF;
+    -- Every transaction that wrote into the log is confirmed.
+    IF EXISTS (SELECT FROM pg_replication_slots AS r WHERE r.slot_name = state.slot) THEN
+        PERFORM pg_drop_replication_slot(state.slot);
+    END IF;
+    UPDATE @extschema@.outbox_log_state
+       SET recover_from = NULL, confirmed_lsn = NULL, confirmed_at = NULL, reader_until = NULL;
     RETURN true;
 END
 $$;

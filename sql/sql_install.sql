@@ -88,16 +88,22 @@ BEGIN
 
     -- Log mode (sql/log.sql): the event alone, into the append-only log; the relay routes it
     -- when it reads it back from the slot. An event scheduled with deliver_at takes the table
-    -- path, which keeps it until it is due.
+    -- path, which keeps it until it is due. The INSERT reads the mode again in its own snapshot:
+    -- back in table mode, the relay lets the slot go once no snapshot that still sees log mode
+    -- is left, so a write into the log must never follow a look taken in another one.
     IF outbox_enqueue.deliver_at IS NULL AND (SELECT s.enabled FROM @extschema@.outbox_log_state AS s) THEN
         INSERT INTO @extschema@.outbox_log (id, topic, payload, key)
-        VALUES (pg_catalog.nextval('@extschema@.outbox_id_seq'), outbox_enqueue.topic, outbox_enqueue.payload, outbox_enqueue.key)
+        SELECT pg_catalog.nextval('@extschema@.outbox_id_seq'), outbox_enqueue.topic, outbox_enqueue.payload, outbox_enqueue.key
+          FROM @extschema@.outbox_log_state AS s
+         WHERE s.enabled
         RETURNING id, EXISTS (SELECT FROM @extschema@.outbox_relays AS r WHERE r.listening)
         INTO new_event, relay_listens;
-        IF relay_listens THEN
-            PERFORM pg_catalog.pg_notify('outbox_enqueued', '');
+        IF FOUND THEN
+            IF relay_listens THEN
+                PERFORM pg_catalog.pg_notify('outbox_enqueued', '');
+            END IF;
+            RETURN new_event;
         END IF;
-        RETURN new_event;
     END IF;
 
     -- The event, and in the same statement what decides the work that follows: a plan node

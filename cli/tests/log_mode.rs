@@ -1,6 +1,7 @@
 //! Log mode with `outbox relay` and the SQL install, as on a managed server: the relay makes
 //! the slot, delivers what it reads there and writes nothing for an acknowledged delivery;
-//! a slot dropped while the relay was away is made again and what it held is delivered.
+//! a slot dropped while the relay was away is made again and what it held is delivered; back in
+//! table mode, it drops the slot.
 
 mod support;
 
@@ -13,7 +14,7 @@ fn count(db: &mut postgres::Client, sql: &str) -> i64 {
 }
 
 #[test]
-fn the_relay_delivers_from_the_slot_and_after_a_dropped_slot_delivers_what_it_held() {
+fn the_relay_delivers_from_the_slot_and_after_a_dropped_slot_delivers_what_it_held_and_drops_it_in_table_mode() {
     let mut db = fresh_database("outbox_t_log");
     // What rds_replication gives on Amazon RDS: the owner's functions make and read the slot.
     db.batch_execute("ALTER ROLE outbox_owner REPLICATION").unwrap();
@@ -72,6 +73,10 @@ fn the_relay_delivers_from_the_slot_and_after_a_dropped_slot_delivers_what_it_he
         let state = count(&mut db, "SELECT count(*) FROM outbox.outbox_deliveries");
         panic!("the two events were not recovered and delivered ({state} deliveries in the table): {}", relay.stop().1);
     }
+    // Back in table mode, once what the log holds is delivered, the relay drops the slot.
+    owner.batch_execute("SELECT outbox.outbox_set_mode('table')").unwrap();
+    let slots = "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot";
+    wait_until("the relay drops the slot", Duration::from_secs(20), || count(&mut db, slots) == 0);
     let received = receiver.received.lock().unwrap().clone();
     assert!(received.iter().all(|(_, body)| !body.contains("rolled")), "the rolled-back event is never sent");
     let (status, said) = relay.stop();

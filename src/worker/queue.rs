@@ -487,10 +487,13 @@ impl Queue for Queries {
     /// 15 s of WAL again.
     fn log_confirm(&mut self, fence: i64, end: u64, oldest: i64) -> Result<bool, QueueError> {
         let confirmed = transaction::run(|| {
-            Spi::connect_mut(|client| {
+            Spi::connect(|client| {
                 decode_quietly();
                 let args = [fence.into(), (end as i64).into(), oldest.into()];
-                client.update(self.log.confirm.as_str(), None, &args)?.first().get_one::<bool>()
+                // select, not update, although it writes: pgrx's update gives the transaction an
+                // id before the statement runs, and back in table mode outbox_log_confirm takes
+                // its own only after looking at the other sessions' snapshots.
+                client.select(self.log.confirm.as_str(), None, &args)?.first().get_one::<bool>()
             })
         });
         let confirmed = confirmed.map(|confirmed| confirmed.unwrap_or(false)).map_err(|e| self.failure(e))?;
