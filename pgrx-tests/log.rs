@@ -232,6 +232,11 @@ fn a_dropped_slot_is_made_again_and_every_event_not_confirmed_is_delivered() {
     assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")));
     // Committed once the slot was made: the new slot holds it, and recovery leaves it there.
     let during = db.enqueue("lost.during", "{}");
+    // Until recovered, the new slot is neither read nor confirmed: a confirmation would move
+    // the recovery past the two events only the recovery copies.
+    let rows: i64 = db.value(&format!("SELECT count(*) FROM outbox_log_read({fence}, 10000)"));
+    assert_eq!(rows, 0, "no read while recovering");
+    assert!(!db.value::<bool>(&format!("SELECT outbox_log_confirm({fence}, (pg_current_wal_lsn() - '0/0')::bigint, 0)")));
     // Each to log-lost and to the endpoint default, which takes every topic.
     assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 4, "the two events not confirmed");
     assert_eq!(db.count_events(&format!("id = {during}")), 0, "an event the new slot holds is not recovered");
@@ -254,11 +259,16 @@ fn a_dropped_slot_is_made_again_and_every_event_not_confirmed_is_delivered() {
 fn log_mode_with_workers(db: &mut Db, endpoint: &str, url: &str, topics: &str) {
     leave_log_mode(db);
     db.execute(&format!("SELECT outbox_endpoint_set('{endpoint}', '{url}', '{{{topics}}}')"));
+    turn_on_log_mode_for_the_workers(db);
+}
+
+/// Log mode on, once a worker has made the slot and read it. Until the slot is made, events go
+/// to the table path (recovered); while it is being made, an event may reach both (sent twice,
+/// as after a lost slot). The tests count sends: wait until a relay has read the finished slot
+/// (it confirms each read, an empty one too). The slot shows before the transaction that makes
+/// it commits: it alone says nothing.
+fn turn_on_log_mode_for_the_workers(db: &mut Db) {
     db.execute("SELECT outbox_set_mode('log')");
-    // Until the slot is made, events go to the table path (recovered); while it is being made,
-    // an event may reach both (sent twice, as after a lost slot). The tests count sends: wait
-    // until a relay has read the finished slot (it confirms each read, an empty one too). The
-    // slot shows before the transaction that makes it commits: it alone says nothing.
     db.wait_for("a relay reads the slot it made", Duration::from_secs(30), |db| {
         db.value::<bool>(
             "SELECT EXISTS (SELECT FROM pg_replication_slots AS r JOIN outbox_log_state AS s ON r.slot_name = s.slot
@@ -337,13 +347,7 @@ fn back_in_table_mode_the_slot_is_dropped_once_every_event_written_into_the_log_
     assert_eq!(db.value::<Option<String>>("SELECT to_regclass('outbox_log_past')::text"), None, "a past hour's partition is dropped");
 
     // In log mode again, a new slot: nothing of the old log comes again.
-    db.execute("SELECT outbox_set_mode('log')");
-    db.wait_for("a relay makes the slot again", Duration::from_secs(30), |db| {
-        db.value::<bool>(
-            "SELECT EXISTS (SELECT FROM pg_replication_slots AS r JOIN outbox_log_state AS s ON r.slot_name = s.slot
-                           WHERE NOT s.recovering AND s.confirmed_at IS NOT NULL)",
-        )
-    });
+    turn_on_log_mode_for_the_workers(&mut db);
     let again = db.enqueue("back.again", "{}");
     db.wait_for("an event of the new slot is delivered", Duration::from_secs(20), |_| !receiver.deliveries_of(again).is_empty());
     for id in [before, after, late_id, again] {

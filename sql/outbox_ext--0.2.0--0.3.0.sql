@@ -1385,9 +1385,10 @@ BEGIN
         IF part.bound = 'DEFAULT' THEN
             DELETE FROM @extschema@.outbox_log_default AS l WHERE l.xact < recover;
         ELSIF substring(part.bound FROM 'TO \(''([^'']*)''\)')::timestamptz <= hour THEN
+            CONTINUE WHEN EXISTS (SELECT FROM @extschema@.outbox_log AS l
+                                   WHERE l.tableoid = part.partition AND l.xact >= recover);
             BEGIN
-                -- Locked before it is looked at: a row committed between a look and the drop
-                -- would go with the partition.
+                -- Looked at again once locked: a row committed since would go with it.
                 EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', part.partition);
                 IF NOT EXISTS (SELECT FROM @extschema@.outbox_log AS l
                                 WHERE l.tableoid = part.partition AND l.xact >= recover) THEN
@@ -1579,7 +1580,7 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_recover(bigint) FROM PUBLIC;
 -- number) is acknowledged or copied into the table path: the slot may let go of them, and a
 -- lost slot is recovered from the transactions from oldest on (the oldest running when a read
 -- began whose position was at most reached). Only the relay that holds the lease (fence)
--- confirms; false for any other.
+-- confirms, and not while a slot made again is not yet recovered; false otherwise.
 -- Back in table mode, once the log is delivered (table_since, logged_below), the slot is
 -- dropped instead of advanced and the lease let go: the relay stops reading, and the slot
 -- keeps no WAL of the table path's writes.
@@ -1609,7 +1610,7 @@ BEGIN
        SET confirmed_lsn = position, recover_from = greatest(s.recover_from, oldest::text::xid8), confirmed_at = clock_timestamp(),
            table_since = CASE WHEN s.table_since = switched AND below IS NOT NULL THEN NULL ELSE s.table_since END,
            logged_below = CASE WHEN s.table_since = switched AND below IS NOT NULL THEN below ELSE s.logged_below END
-     WHERE s.reader_fence = outbox_log_confirm.fence
+     WHERE s.reader_fence = outbox_log_confirm.fence AND NOT s.recovering
     RETURNING s.* INTO state;
     IF NOT FOUND THEN
         RETURN false;
@@ -1673,7 +1674,9 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_make_slot(bigint) FROM PUBLIC;
 -- a position at or past it; flushed_at is the WAL position flushed then, which the read
 -- decodes at least up to, and where a read that found nothing confirms (an asynchronous
 -- commit written before began_at may not be flushed yet). Only the relay that holds the lease,
--- and has not let it run out, reads; any other gets no rows.
+-- and has not let it run out, reads; any other gets no rows, and so does every relay while a
+-- slot made again is not yet recovered (its first confirmation would move recover_from past
+-- the events that only outbox_log_recover copies).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read(fence bigint, max_changes integer)
 RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint, flushed_at bigint)
 LANGUAGE plpgsql
@@ -1687,7 +1690,7 @@ DECLARE
     flushed bigint := (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint;
 BEGIN
     SELECT * INTO state FROM @extschema@.outbox_log_state AS s
-     WHERE s.reader_fence = fence AND s.reader_until > clock_timestamp();
+     WHERE s.reader_fence = fence AND s.reader_until > clock_timestamp() AND NOT s.recovering;
     IF NOT FOUND THEN
         RETURN;
     END IF;

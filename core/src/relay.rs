@@ -439,7 +439,12 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
                     self.log.batch = None;
                     self.log.starts = ReadStarts::default();
                 }
-                Err(e) => return self.failed("recovering the events of the log's slot", e).map(|()| None),
+                Err(e) => {
+                    // Tried again at the next read, which renews the lease first: until then
+                    // the slot is not read (outbox_log_read refuses while it is recovering).
+                    self.log.renew_at = Instant::now();
+                    return self.failed("recovering the events of the log's slot", e).map(|()| None);
+                }
             }
         }
         Ok(Some(lease.fence))
