@@ -229,6 +229,12 @@ fn a_dropped_slot_is_made_again_and_every_event_not_confirmed_is_delivered() {
     assert_eq!(lease(&mut db), None, "the lease is still this relay's");
     let state: String = db.value(&format!("SELECT slot_state FROM outbox_log_lease({fence}, 60000)"));
     assert_eq!(state, "missing");
+    // Only at READ COMMITTED: at REPEATABLE READ, what commits while the slot is being made
+    // would be neither in it nor recovered.
+    let refused = db.client.batch_execute(&format!("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT outbox_log_make_slot({fence})"));
+    let message = refused.expect_err("refused at REPEATABLE READ").as_db_error().map(|e| e.message().to_string());
+    assert!(message.is_some_and(|m| m.contains("READ COMMITTED")));
+    db.execute("ROLLBACK");
     assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")));
     // Committed once the slot was made: the new slot holds it, and recovery leaves it there.
     let during = db.enqueue("lost.during", "{}");
@@ -250,9 +256,30 @@ fn a_dropped_slot_is_made_again_and_every_event_not_confirmed_is_delivered() {
     // The new slot carries what comes next.
     let next = db.enqueue("lost.next", "{}");
     assert_eq!(read(&mut db, fence).0.events.iter().map(|e| e.id).collect::<Vec<_>>(), vec![during, next]);
+    // Lost again before anything of it is confirmed: both are recovered, the one committed
+    // before the first recovery too.
+    db.execute("SELECT pg_drop_replication_slot(slot) FROM outbox_log_state");
+    assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")));
+    assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 4, "during and next, to both endpoints");
+    assert_eq!(db.count_events(&format!("id IN ({during}, {next})")), 2);
 
     leave_log_mode(&mut db);
     db.execute("SELECT outbox_endpoint_drop('log-lost')");
+}
+
+#[test]
+fn a_recovery_of_more_deliveries_than_it_copies_at_a_time_copies_each_once() {
+    let mut db = db();
+    let fence = enter_log_mode(&mut db);
+    // Routed to the endpoint default alone, which has no URL here: the copies wait in the
+    // table path. One more than the 10,000 a recovery copies at a time.
+    db.execute("SELECT outbox_enqueue('many', jsonb_build_object('n', n)) FROM generate_series(1, 10001) AS n");
+    db.execute("SELECT pg_drop_replication_slot(slot) FROM outbox_log_state");
+    assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")));
+    assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 10001);
+    assert_eq!(db.value::<i64>("SELECT count(DISTINCT event_id) FROM outbox_deliveries WHERE endpoint = 'default'"), 10001);
+    assert_eq!(db.count_events("topic = 'many'"), 10001);
+    leave_log_mode(&mut db);
 }
 
 /// Log mode with the workers reading the slot: `endpoint` takes `topics`.
@@ -455,6 +482,30 @@ fn a_failing_endpoint_goes_on_in_the_table_path_and_holds_back_neither_the_slot_
     });
     leave_log_mode(&mut db);
     db.execute("SELECT outbox_endpoint_drop(n) FROM unnest(ARRAY['log-healthy', 'log-failing']) AS n");
+}
+
+/// An endpoint that never answers: its requests time out a round of its request slots at a
+/// time. After the first timeout the rest of its deliveries go to the table path at once, and
+/// so do those of the next reads for a while: the log goes on for the other endpoints.
+#[test]
+fn an_endpoint_that_times_out_holds_the_log_back_one_timeout_at_most() {
+    let mut db = db();
+    db.configure(&[("outbox.http_timeout", "1s")]);
+    let (healthy, hanging) = (Receiver::start(Reply::Status(204)), Receiver::start(Reply::Hold));
+    log_mode_with_workers(&mut db, "log-healthy", &healthy.url, "slow.*");
+    db.execute(&format!("SELECT outbox_endpoint_set('log-hanging', '{}', '{{slow.*}}', max_in_flight => 2)", hanging.url));
+    db.execute("SELECT outbox_enqueue('slow.event', jsonb_build_object('n', n)) FROM generate_series(1, 20) AS n");
+    db.wait_for("two requests to the hanging endpoint are on their way", Duration::from_secs(10), |_| hanging.held() == 2);
+    // Ten rounds of timeouts would take ten seconds before the next read.
+    let later = db.enqueue("slow.event", "{}");
+    db.wait_for("a later event reaches the healthy endpoint", Duration::from_secs(5), |_| !healthy.deliveries_of(later).is_empty());
+    db.wait_for("every delivery to the hanging endpoint is in the table path", Duration::from_secs(10), |db| {
+        db.count_to("log-hanging", "true") == 21
+    });
+    hanging.set_reply(Reply::Status(204));
+    hanging.release();
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop(n) FROM unnest(ARRAY['log-healthy', 'log-hanging']) AS n");
 }
 
 /// A slot's position is written to disk apart from the WAL: were it confirmed past events

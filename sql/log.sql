@@ -264,7 +264,9 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_defer(bigint[], text[], text[], te
 -- every event of a transaction from recover_from on that committed before the new slot was
 -- made goes to the table path, due now, for each endpoint it is routed to. Some were delivered
 -- already, and are delivered again (consumers deduplicate by id); none is missed. Those
--- committed later are the new slot's alone. Returns how many deliveries it made.
+-- committed later are the new slot's alone. Returns how many deliveries it made. Copied
+-- 10,000 deliveries at a time: one array of every payload held since the slot was lost could
+-- pass the 1 GB a value may take.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_recover(fence bigint)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -281,17 +283,25 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox_log_recover: another relay reads the log now' USING ERRCODE = 'lock_not_available';
     END IF;
-    SELECT @extschema@.outbox_log_defer(array_agg(l.id), array_agg(l.topic), array_agg(l.payload::text), array_agg(l.key),
-                                        array_agg(l.created_at::text), array_agg(r.name), array_agg(0), array_agg(NULL::text),
-                                        array_agg(0::double precision))
+    SELECT sum(@extschema@.outbox_log_defer(c.ids, c.topics, c.payloads, c.keys, c.created, c.endpoints,
+                                            c.attempts, c.errors, c.due_in_ms))
       INTO made
-      FROM @extschema@.outbox_log AS l
-      JOIN @extschema@.outbox_endpoints AS r ON r.topics OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(l.topic)
-     WHERE l.xact >= coalesce(recover, '0'::xid8)
-       AND (made_at IS NULL OR pg_visible_in_snapshot(l.xact, made_at));
-    -- From here on, the new slot holds whatever is not delivered.
+      FROM (SELECT array_agg(e.id) AS ids, array_agg(e.topic) AS topics, array_agg(e.payload) AS payloads,
+                   array_agg(e.key) AS keys, array_agg(e.created) AS created, array_agg(e.endpoint) AS endpoints,
+                   array_agg(0) AS attempts, array_agg(NULL::text) AS errors, array_agg(0::double precision) AS due_in_ms
+              FROM (SELECT l.id, l.topic, l.payload::text AS payload, l.key, l.created_at::text AS created,
+                           r.name AS endpoint, (row_number() OVER () - 1) / 10000 AS chunk
+                      FROM @extschema@.outbox_log AS l
+                      JOIN @extschema@.outbox_endpoints AS r ON r.topics OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(l.topic)
+                     WHERE l.xact >= coalesce(recover, '0'::xid8)
+                       AND (made_at IS NULL OR pg_visible_in_snapshot(l.xact, made_at))) AS e
+             GROUP BY e.chunk) AS c;
+    -- From here on, the new slot holds whatever is not delivered: every transaction that
+    -- committed after it was made is at least the oldest running then, and is recovered from
+    -- there if this slot is lost too.
     UPDATE @extschema@.outbox_log_state
-       SET confirmed_lsn = NULL, recover_from = pg_snapshot_xmin(pg_current_snapshot()), recovering = false, slot_made = NULL;
+       SET confirmed_lsn = NULL, recover_from = coalesce(pg_snapshot_xmin(made_at), pg_snapshot_xmin(pg_current_snapshot())),
+           recovering = false, slot_made = NULL;
     RETURN coalesce(made, 0);
 END
 $$;
@@ -353,9 +363,10 @@ $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_confirm(bigint, bigint, bigint) FROM PUBLIC;
 
--- Makes the slot again when it is missing, or lost (dropped first): run in autocommit, since a
--- slot cannot be made in a transaction that wrote. Returns whether it made one; the relay then
--- runs outbox_log_recover (recovering says so until it has).
+-- Makes the slot again when it is missing, or lost (dropped first): run first in its
+-- transaction, since a slot cannot be made in one that wrote, and at READ COMMITTED. Returns
+-- whether it made one; the relay then runs outbox_log_recover (recovering says so until it
+-- has).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_make_slot(fence bigint)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -366,6 +377,12 @@ DECLARE
     state @extschema@.outbox_log_state;
     status text;
 BEGIN
+    -- At REPEATABLE READ the snapshot taken below would be the transaction's first, older
+    -- than the slot: what committed in between would be neither in the slot nor recovered.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'outbox_log_make_slot: run it at READ COMMITTED, not %', current_setting('transaction_isolation')
+            USING ERRCODE = 'invalid_transaction_state';
+    END IF;
     SELECT * INTO state FROM @extschema@.outbox_log_state AS s WHERE s.reader_fence = fence;
     IF NOT FOUND THEN
         RETURN false;

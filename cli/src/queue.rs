@@ -116,23 +116,39 @@ impl ClientQueue {
     /// transaction is rolled back (or the connection dropped, if it is lost) and the error says
     /// whether the outbox is still the one these statements are for.
     fn transaction<T>(&mut self, body: impl FnOnce(&mut Client, &Statements) -> Result<T, postgres::Error>) -> Result<T, QueueError> {
+        self.transaction_refreshing(true, body)
+    }
+
+    /// A transaction at READ COMMITTED whatever the server's default; `refresh` says whether it
+    /// also refreshes the relay's row when due, which writes first.
+    fn transaction_refreshing<T>(
+        &mut self,
+        refresh: bool,
+        body: impl FnOnce(&mut Client, &Statements) -> Result<T, postgres::Error>,
+    ) -> Result<T, QueueError> {
         self.connect()?;
         let client = self.client.as_mut().expect("connected above");
         let presence = &mut self.presence;
         let result = client.batch_execute(&self.statements.begin).and_then(|()| {
-            presence.refresh_if_due(client)?;
+            if refresh {
+                presence.refresh_if_due(client)?;
+            }
             let value = body(client, &self.statements)?;
             client.batch_execute("COMMIT")?;
             Ok(value)
         });
         match result {
             Ok(value) => {
-                self.presence.committed();
+                if refresh {
+                    self.presence.committed();
+                }
                 self.metrics.database_up.store(true, Ordering::Relaxed);
                 Ok(value)
             }
             Err(e) => {
-                self.presence.unwritten();
+                if refresh {
+                    self.presence.unwritten();
+                }
                 Err(self.failure(e))
             }
         }
@@ -351,10 +367,12 @@ impl Queue for ClientQueue {
         })
     }
 
+    /// First in its transaction (a slot cannot be made in one that wrote), which is at READ
+    /// COMMITTED (outbox_log_make_slot refuses any other).
     fn log_make_slot(&mut self, fence: i64) -> Result<bool, QueueError> {
-        let statement = self.statements.log_make_slot.clone();
-        let rows = self.autocommit(&statement, &[(&fence, Type::INT8)])?;
-        Ok(rows.first().is_some_and(|row| row.get(0)))
+        self.transaction_refreshing(false, |client, statements| {
+            Ok(client.query_typed_one(&statements.log_make_slot, &[(&fence, Type::INT8)])?.get(0))
+        })
     }
 
     fn log_recover(&mut self, fence: i64) -> Result<i64, QueueError> {

@@ -56,6 +56,8 @@ fn the_relay_delivers_from_the_slot_and_after_a_dropped_slot_delivers_what_it_he
     )
     .unwrap();
     db.batch_execute("SELECT pg_drop_replication_slot(slot) FROM outbox.outbox_log_state").unwrap();
+    // The relay makes the slot at READ COMMITTED whatever the database's default.
+    db.batch_execute("ALTER DATABASE outbox_t_log SET default_transaction_isolation = 'repeatable read'").unwrap();
     let relay = Relay::start(&arguments);
     // Each event at least once: after a lost slot, events it held that were already delivered
     // may come again (consumers deduplicate by webhook-id).

@@ -5,13 +5,15 @@
 //! SPI, its latch and shared memory; the `outbox` process with a client connection, LISTEN
 //! and Prometheus counters.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::delivery::{one_line, retry_delay, Attempt, AttemptKey, Destinations, Outcome, Sender, SenderError, MAX_ERROR_BYTES};
 use crate::endpoints::Endpoints;
-use crate::log::batch::{is_log_fence, log_fence, Deferrals, EventColumns, LogBatch, ReadStarts, Start};
+use crate::log::batch::{is_log_fence, next_log_fence, Deferrals, EventColumns, LogBatch, ReadStarts, Start};
 use crate::log::read_events;
 use crate::queue::{AttemptColumns, ClaimArguments, Claimed, DeadDelivery, FailureColumns, Queue, QueueError};
 use crate::settings::Settings;
@@ -130,18 +132,30 @@ pub struct Relay<Q, W, R> {
 struct LogReading {
     fence: i64,
     batch: Option<LogBatch>,
-    /// How many reads were taken: the last one's number (`log_fence`).
-    reads: u32,
+    /// The last read's fencing token (`next_log_fence`).
+    last_read_fence: i32,
     starts: ReadStarts,
     /// The last read took as many changes as a read takes: read again once it is delivered.
     full: bool,
     /// When to renew the lease while a read is on its way.
     renew_at: Instant,
+    /// Endpoints a delivery read from the log failed to, with how many failed in a row and
+    /// until when the next reads copy their deliveries into the table path instead of sending
+    /// them: an endpoint that times out would otherwise hold every read back a timeout long.
+    failing: HashMap<Arc<str>, (i32, Instant)>,
 }
 
 impl Default for LogReading {
     fn default() -> LogReading {
-        LogReading { fence: 0, batch: None, reads: 0, starts: ReadStarts::default(), full: false, renew_at: Instant::now() }
+        LogReading {
+            fence: 0,
+            batch: None,
+            last_read_fence: 0,
+            starts: ReadStarts::default(),
+            full: false,
+            renew_at: Instant::now(),
+            failing: HashMap::new(),
+        }
     }
 }
 
@@ -401,10 +415,13 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             timers.log_due = true;
             return Ok(());
         };
-        let endpoints = &self.endpoints;
-        self.log.reads = self.log.reads.checked_add(1).unwrap_or(1);
-        let fence = log_fence(self.log.reads);
-        self.log.batch = Some(LogBatch::new(read.events, end, fence, routes, |name| endpoints.sendable(name)));
+        let now = Instant::now();
+        self.log.failing.retain(|_, (_, until)| *until > now);
+        let (endpoints, failing) = (&self.endpoints, &self.log.failing);
+        self.log.last_read_fence = next_log_fence(self.log.last_read_fence);
+        let fence = self.log.last_read_fence;
+        let sendable = |name: &str| endpoints.sendable(name).filter(|_| !failing.contains_key(name));
+        self.log.batch = Some(LogBatch::new(read.events, end, fence, routes, sendable));
         Ok(())
     }
 
@@ -418,7 +435,11 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
                 self.log.lease_lost();
                 return Ok(None);
             }
-            Err(e) => return self.failed("taking the lease on the log", e).map(|()| None),
+            Err(e) => {
+                // A read on its way renews when due: not again at once, in a loop.
+                self.log.renew_at = Instant::now() + self.settings.poll_interval;
+                return self.failed("taking the lease on the log", e).map(|()| None);
+            }
         };
         if lease.fence != self.log.fence {
             self.log.lease_lost();
@@ -426,7 +447,15 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         }
         self.log.renew_at = Instant::now() + self.settings.lease / 2;
         if !lease.slot_ready {
+            // A read on its way is of the slot that was lost: its events are recovered, and
+            // its end is no position of the new slot's.
+            self.log.batch = None;
+            self.log.starts = ReadStarts::default();
+            // Tried again at the next read (no read is on its way now), which renews the
+            // lease first: until the recovery has run, the new slot is neither read nor
+            // confirmed (sql/log.sql).
             if let Err(e) = self.queue.log_make_slot(lease.fence) {
+                self.log.renew_at = Instant::now();
                 return self.failed("making the log's slot", e).map(|()| None);
             }
             match self.queue.log_recover(lease.fence) {
@@ -434,14 +463,8 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
                     let text = format!("made the log's slot; {recovered} deliveries of events it did not hold copied into the table");
                     self.report.log(Level::Log, &text);
                     timers.claim_due = true;
-                    // A read on its way when the slot was lost: its events were just copied,
-                    // and its end is no position of the new slot's.
-                    self.log.batch = None;
-                    self.log.starts = ReadStarts::default();
                 }
                 Err(e) => {
-                    // Tried again at the next read, which renews the lease first: until then
-                    // the slot is not read (outbox_log_read refuses while it is recovering).
                     self.log.renew_at = Instant::now();
                     return self.failed("recovering the events of the log's slot", e).map(|()| None);
                 }
@@ -532,9 +555,17 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         self.report.finished(&finished);
         self.report.in_flight(self.sender.in_flight());
         let (from_log, finished): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| is_log_fence(a.fence));
-        if let Some(batch) = self.log.batch.as_mut() {
-            for attempt in &from_log {
-                batch.finished(attempt, retry_delay(attempt.attempts, attempt.outcome.retry_after(), fastrand::f64()));
+        for attempt in &from_log {
+            let retry_in = retry_delay(attempt.attempts, attempt.outcome.retry_after(), fastrand::f64());
+            if attempt.outcome == Outcome::Delivered {
+                self.log.failing.remove(&attempt.endpoint);
+            } else {
+                let in_a_row = self.log.failing.get(&attempt.endpoint).map_or(1, |(n, _)| n.saturating_add(1));
+                let wait = retry_delay(in_a_row, attempt.outcome.retry_after(), fastrand::f64());
+                self.log.failing.insert(attempt.endpoint.clone(), (in_a_row, Instant::now() + wait));
+            }
+            if let Some(batch) = self.log.batch.as_mut() {
+                batch.finished(attempt, retry_in);
             }
         }
         let (delivered, failed): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| a.outcome == Outcome::Delivered);

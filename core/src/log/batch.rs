@@ -9,12 +9,18 @@ use std::time::Duration;
 use super::LogEvent;
 use crate::delivery::{Attempt, Event, Outcome};
 
-/// The fencing token of a delivery read from the log. It has no claim, whose tokens start at
-/// 1: it carries minus the number of its read instead, by which the relay tells the log's
-/// attempts from the table path's, and a late result of a read it let go of from one of a
-/// later read that holds the same event again.
-pub fn log_fence(read: u32) -> i32 {
-    -i32::try_from(read).unwrap_or(i32::MAX)
+/// The fencing token of the deliveries of the read after the one that had `last` (0 before
+/// the first read). A delivery read from the log has no claim, whose tokens start at 1: it
+/// carries minus the number of its read instead, by which the relay tells the log's attempts
+/// from the table path's, and a late result of a read it let go of from one of a later read
+/// that holds the same event again. After -i32::MAX the tokens start again at -1, so that two
+/// reads in a row never share one.
+pub fn next_log_fence(last: i32) -> i32 {
+    if last < 0 && last > -i32::MAX {
+        last - 1
+    } else {
+        -1
+    }
 }
 
 pub fn is_log_fence(fence: i32) -> bool {
@@ -97,7 +103,7 @@ pub struct LogBatch {
     places: HashMap<i64, usize>,
     /// Just past the read's last transaction.
     pub end: u64,
-    /// The fencing token of its deliveries (`log_fence`).
+    /// The fencing token of its deliveries (`next_log_fence`).
     pub fence: i32,
     /// The deliveries not yet started, by endpoint, each in the read's order.
     to_start: HashMap<Arc<str>, VecDeque<Event>>,
@@ -152,7 +158,10 @@ impl LogBatch {
     }
 
     /// An attempt finished: one of this batch's counts (a failure is copied into the table
-    /// path with its error, due after `retry_in`); one of an earlier read does not.
+    /// path with its error, due after `retry_in`); one of an earlier read does not. After a
+    /// failure, the endpoint's deliveries still waiting for room are copied too, due then:
+    /// an endpoint that times out would otherwise hold the read back one timeout per round of
+    /// its request slots.
     pub fn finished(&mut self, attempt: &Attempt, retry_in: Duration) {
         if attempt.fence != self.fence {
             return;
@@ -163,6 +172,11 @@ impl LogBatch {
         }
         if let Some(event) = self.places.get(&attempt.id).map(|&place| &self.events[place]) {
             self.deferrals.push(event, &attempt.endpoint, attempt.attempts, attempt.outcome.last_error(), retry_in);
+        }
+        for waiting in self.to_start.remove(&*attempt.endpoint).into_iter().flatten() {
+            if let Some(&place) = self.places.get(&waiting.id) {
+                self.deferrals.push(&self.events[place], &waiting.endpoint, 0, None, retry_in);
+            }
         }
     }
 
@@ -225,7 +239,7 @@ mod tests {
     fn routes_with_a_body_are_sent_the_rest_copied_and_failures_copied_with_their_error() {
         let routes = vec![route(1, "hook", Some("b1")), route(1, "jobs", None), route(2, "hook", Some("b2")), route(2, "gone", Some("b"))];
         let sendable = |name: &str| (name == "hook").then(|| Arc::from(name));
-        let mut batch = LogBatch::new(vec![event(10), event(11)], 99, log_fence(1), routes, sendable);
+        let mut batch = LogBatch::new(vec![event(10), event(11)], 99, next_log_fence(0), routes, sendable);
         assert_eq!(batch.deferrals.endpoints, ["jobs", "gone"], "a pull endpoint's, and one the relay cannot send to");
         assert_eq!(batch.deferrals.ids, [10, 11]);
         batch.deferrals = Deferrals::default();
@@ -254,7 +268,7 @@ mod tests {
     fn deliveries_wait_for_room_in_the_read_order_and_one_no_longer_sendable_is_copied() {
         let routes = (1..=4).map(|n| route(n, "hook", Some("b"))).chain([route(5, "other", Some("b"))]).collect();
         let events = (1..=5).map(event).collect();
-        let mut batch = LogBatch::new(events, 9, log_fence(1), routes, |name| Some(Arc::from(name)));
+        let mut batch = LogBatch::new(events, 9, next_log_fence(0), routes, |name| Some(Arc::from(name)));
         let mut offered = Vec::new();
         batch.start(|event| {
             offered.push(event.id);
@@ -277,16 +291,53 @@ mod tests {
     }
 
     #[test]
+    fn after_a_failure_the_endpoints_deliveries_waiting_for_room_are_copied_and_the_others_go_on() {
+        let routes = (1..=3).map(|n| route(n, "slow", Some("b"))).chain([route(4, "fast", Some("b"))]).collect();
+        let mut batch = LogBatch::new((1..=4).map(event).collect(), 9, next_log_fence(0), routes, |name| Some(Arc::from(name)));
+        let mut started = Vec::new();
+        batch.start(|event| match event.id {
+            2 | 3 => Start::NoRoom(event),
+            _ => {
+                started.push(event);
+                Start::Started
+            }
+        });
+
+        let mut ids: Vec<i64> = started.iter().map(|e| e.id).collect();
+        ids.sort();
+        assert_eq!(ids, [1, 4], "slow's first, and fast's");
+        let slow = started.iter().find(|e| e.id == 1).unwrap();
+        batch.finished(&attempt(slow, Outcome::TimedOut), Duration::from_secs(5));
+        assert_eq!(batch.deferrals.ids, [1, 2, 3], "the failure, then what waited behind it");
+        assert_eq!(batch.deferrals.attempts, [1, 0, 0]);
+        assert_eq!(batch.deferrals.due_in_ms, [5000.0, 5000.0, 5000.0]);
+        assert!(!batch.is_done(), "fast's is still in flight");
+        let fast = started.iter().find(|e| e.id == 4).unwrap();
+        batch.finished(&attempt(fast, Outcome::Delivered), Duration::ZERO);
+        assert!(batch.is_done());
+    }
+
+    #[test]
+    fn two_reads_in_a_row_never_share_a_fencing_token() {
+        for last in [0, -1, -2, 1 - i32::MAX, -i32::MAX] {
+            let next = next_log_fence(last);
+            assert!(is_log_fence(next) && next != 0, "after {last}: {next}");
+            assert_ne!(next, next_log_fence(next), "two reads in a row, after {last}");
+        }
+        assert_eq!((next_log_fence(0), next_log_fence(-1), next_log_fence(-i32::MAX)), (-1, -2, -1));
+    }
+
+    #[test]
     fn a_late_result_of_a_read_let_go_of_counts_for_no_later_read_of_the_same_event() {
         let routes = || vec![route(1, "hook", Some("b"))];
         let sendable = |name: &str| Some(Arc::from(name));
-        let mut let_go = LogBatch::new(vec![event(10)], 9, log_fence(1), routes(), sendable);
+        let mut let_go = LogBatch::new(vec![event(10)], 9, next_log_fence(0), routes(), sendable);
         let mut started = Vec::new();
         let_go.start(|event| {
             started.push(event);
             Start::Started
         });
-        let mut again = LogBatch::new(vec![event(10)], 9, log_fence(2), routes(), sendable);
+        let mut again = LogBatch::new(vec![event(10)], 9, next_log_fence(-1), routes(), sendable);
         again.start(|event| {
             started.push(event);
             Start::Started
