@@ -272,13 +272,31 @@ fn a_recovery_of_more_deliveries_than_it_copies_at_a_time_copies_each_once() {
     let mut db = db();
     let fence = enter_log_mode(&mut db);
     // Routed to the endpoint default alone, which has no URL here: the copies wait in the
-    // table path. One more than the 10,000 a recovery copies at a time.
+    // table path. One more than the 10,000 a recovery copies at a time (tiny payloads).
     db.execute("SELECT outbox_enqueue('many', jsonb_build_object('n', n)) FROM generate_series(1, 10001) AS n");
     db.execute("SELECT pg_drop_replication_slot(slot) FROM outbox_log_state");
     assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")));
     assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 10001);
     assert_eq!(db.value::<i64>("SELECT count(DISTINCT event_id) FROM outbox_deliveries WHERE endpoint = 'default'"), 10001);
     assert_eq!(db.count_events("topic = 'many'"), 10001);
+    leave_log_mode(&mut db);
+}
+
+#[test]
+fn a_slot_made_by_a_transaction_that_did_not_commit_is_still_recovered() {
+    let mut db = db();
+    let fence = enter_log_mode(&mut db);
+    let unconfirmed = db.enqueue("made.before", "{}");
+    db.execute("SELECT pg_drop_replication_slot(slot) FROM outbox_log_state");
+    assert_eq!(db.value::<String>(&format!("SELECT slot_state FROM outbox_log_lease({fence}, 60000)")), "missing");
+    // A slot outlives a rollback of the transaction that made it (a relay killed, or its
+    // connection lost, before the commit).
+    db.execute(&format!("BEGIN; SELECT outbox_log_make_slot({fence}); ROLLBACK"));
+    let state: String = db.value(&format!("SELECT slot_state FROM outbox_log_lease({fence}, 60000)"));
+    assert_eq!(state, "recovering", "the lease marked it before it was made");
+    assert!(!db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")), "it is there");
+    assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 1, "to the endpoint default");
+    assert_eq!(db.count_events(&format!("id = {unconfirmed}")), 1);
     leave_log_mode(&mut db);
 }
 

@@ -1483,11 +1483,16 @@ BEGIN
     -- Whether the caller holds the lease is read from the row the UPDATE locks (fences start
     -- at 1: 0 holds nothing). Read before it, two relays taking the lease at once could both
     -- get it: the one that waited for the other's UPDATE would renew the fence just taken.
+    -- A slot found missing or lost is marked recovering here, before it is made again: made
+    -- by a transaction that then does not commit, it stays, and must not pass for one whose
+    -- events were recovered (with no slot_made, the recovery copies them all).
     RETURN QUERY
     WITH leased AS (
         UPDATE @extschema@.outbox_log_state AS s
            SET reader_fence = CASE WHEN s.reader_fence = fence AND fence <> 0 THEN s.reader_fence ELSE s.reader_fence + 1 END,
-               reader_until = clock_timestamp() + lease_ms * interval '1 millisecond'
+               reader_until = clock_timestamp() + lease_ms * interval '1 millisecond',
+               recovering = s.recovering OR @extschema@.outbox_log_slot_state(s.slot) <> 'ready',
+               slot_made = CASE WHEN @extschema@.outbox_log_slot_state(s.slot) <> 'ready' THEN NULL ELSE s.slot_made END
          WHERE (s.enabled OR s.recover_from IS NOT NULL)
            AND ((s.reader_fence = fence AND fence <> 0) OR s.reader_until IS NULL OR s.reader_until < clock_timestamp())
         RETURNING s.reader_fence, s.slot, s.recovering)
@@ -1542,9 +1547,10 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_defer(bigint[], text[], text[], te
 -- every event of a transaction from recover_from on that committed before the new slot was
 -- made goes to the table path, due now, for each endpoint it is routed to. Some were delivered
 -- already, and are delivered again (consumers deduplicate by id); none is missed. Those
--- committed later are the new slot's alone. Returns how many deliveries it made. Copied
--- 10,000 deliveries at a time: one array of every payload held since the slot was lost could
--- pass the 1 GB a value may take.
+-- committed later are the new slot's alone. Returns how many deliveries it made. Copied at
+-- most 10,000 deliveries or 64 MB of payloads at a time (each counts as at least 6,711 bytes):
+-- one array of every payload held since the slot was lost could pass the 1 GB a value may
+-- take.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_recover(fence bigint)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -1568,7 +1574,8 @@ BEGIN
                    array_agg(e.key) AS keys, array_agg(e.created) AS created, array_agg(e.endpoint) AS endpoints,
                    array_agg(0) AS attempts, array_agg(NULL::text) AS errors, array_agg(0::double precision) AS due_in_ms
               FROM (SELECT l.id, l.topic, l.payload::text AS payload, l.key, l.created_at::text AS created,
-                           r.name AS endpoint, (row_number() OVER () - 1) / 10000 AS chunk
+                           r.name AS endpoint,
+                           sum(greatest(octet_length(l.payload::text), 6711)) OVER (ROWS UNBOUNDED PRECEDING) / 67108864 AS chunk
                       FROM @extschema@.outbox_log AS l
                       JOIN @extschema@.outbox_endpoints AS r ON r.topics OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(l.topic)
                      WHERE l.xact >= coalesce(recover, '0'::xid8)

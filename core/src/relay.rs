@@ -5,15 +5,14 @@
 //! SPI, its latch and shared memory; the `outbox` process with a client connection, LISTEN
 //! and Prometheus counters.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::os::fd::RawFd;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::delivery::{one_line, retry_delay, Attempt, AttemptKey, Destinations, Outcome, Sender, SenderError, MAX_ERROR_BYTES};
 use crate::endpoints::Endpoints;
 use crate::log::batch::{is_log_fence, next_log_fence, Deferrals, EventColumns, LogBatch, ReadStarts, Start};
+use crate::log::failing::FailingEndpoints;
 use crate::log::read_events;
 use crate::queue::{AttemptColumns, ClaimArguments, Claimed, DeadDelivery, FailureColumns, Queue, QueueError};
 use crate::settings::Settings;
@@ -139,10 +138,11 @@ struct LogReading {
     full: bool,
     /// When to renew the lease while a read is on its way.
     renew_at: Instant,
-    /// Endpoints a delivery read from the log failed to, with how many failed in a row and
-    /// until when the next reads copy their deliveries into the table path instead of sending
-    /// them: an endpoint that times out would otherwise hold every read back a timeout long.
-    failing: HashMap<Arc<str>, (i32, Instant)>,
+    /// Endpoints whose deliveries the next reads copy into the table path for a while.
+    failing: FailingEndpoints,
+    /// The slot could not be made again or recovered: tried again at the poll, not at each
+    /// commit into the log.
+    slot_unready: bool,
 }
 
 impl Default for LogReading {
@@ -154,7 +154,8 @@ impl Default for LogReading {
             starts: ReadStarts::default(),
             full: false,
             renew_at: Instant::now(),
-            failing: HashMap::new(),
+            failing: FailingEndpoints::default(),
+            slot_unready: false,
         }
     }
 }
@@ -337,7 +338,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
     /// transactions. Deliveries only the table path makes (and failures) are copied there.
     fn read_log_if_due(&mut self, timers: &mut Timers) -> Result<(), Ended> {
         if self.log.batch.is_none() {
-            let woken = std::mem::take(&mut timers.log_woken) && self.log.fence != 0;
+            let woken = std::mem::take(&mut timers.log_woken) && self.log.fence != 0 && !self.log.slot_unready;
             if !std::mem::take(&mut timers.log_due) && !woken {
                 return Ok(());
             }
@@ -416,11 +417,10 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             return Ok(());
         };
         let now = Instant::now();
-        self.log.failing.retain(|_, (_, until)| *until > now);
         let (endpoints, failing) = (&self.endpoints, &self.log.failing);
         self.log.last_read_fence = next_log_fence(self.log.last_read_fence);
         let fence = self.log.last_read_fence;
-        let sendable = |name: &str| endpoints.sendable(name).filter(|_| !failing.contains_key(name));
+        let sendable = |name: &str| endpoints.sendable(name).filter(|_| !failing.holds(name, now));
         self.log.batch = Some(LogBatch::new(read.events, end, fence, routes, sendable));
         Ok(())
     }
@@ -436,8 +436,9 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
                 return Ok(None);
             }
             Err(e) => {
-                // A read on its way renews when due: not again at once, in a loop.
-                self.log.renew_at = Instant::now() + self.settings.poll_interval;
+                // A read on its way renews when due: not again at once, in a loop, nor so late
+                // that the lease runs out meanwhile.
+                self.log.renew_at = Instant::now() + self.settings.poll_interval.min(self.settings.lease / 4);
                 return self.failed("taking the lease on the log", e).map(|()| None);
             }
         };
@@ -446,14 +447,15 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             self.log.fence = lease.fence;
         }
         self.log.renew_at = Instant::now() + self.settings.lease / 2;
+        self.log.slot_unready = !lease.slot_ready;
         if !lease.slot_ready {
             // A read on its way is of the slot that was lost: its events are recovered, and
             // its end is no position of the new slot's.
             self.log.batch = None;
             self.log.starts = ReadStarts::default();
-            // Tried again at the next read (no read is on its way now), which renews the
-            // lease first: until the recovery has run, the new slot is neither read nor
-            // confirmed (sql/log.sql).
+            // Tried again at the next poll's read (no read is on its way now, and commits do
+            // not wake it: slot_unready), which renews the lease first. Until the recovery
+            // has run, the new slot is neither read nor confirmed (sql/log.sql).
             if let Err(e) = self.queue.log_make_slot(lease.fence) {
                 self.log.renew_at = Instant::now();
                 return self.failed("making the log's slot", e).map(|()| None);
@@ -463,6 +465,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
                     let text = format!("made the log's slot; {recovered} deliveries of events it did not hold copied into the table");
                     self.report.log(Level::Log, &text);
                     timers.claim_due = true;
+                    self.log.slot_unready = false;
                 }
                 Err(e) => {
                     self.log.renew_at = Instant::now();
@@ -556,16 +559,9 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         self.report.in_flight(self.sender.in_flight());
         let (from_log, finished): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| is_log_fence(a.fence));
         for attempt in &from_log {
-            let retry_in = retry_delay(attempt.attempts, attempt.outcome.retry_after(), fastrand::f64());
-            if attempt.outcome == Outcome::Delivered {
-                self.log.failing.remove(&attempt.endpoint);
-            } else {
-                let in_a_row = self.log.failing.get(&attempt.endpoint).map_or(1, |(n, _)| n.saturating_add(1));
-                let wait = retry_delay(in_a_row, attempt.outcome.retry_after(), fastrand::f64());
-                self.log.failing.insert(attempt.endpoint.clone(), (in_a_row, Instant::now() + wait));
-            }
+            self.log.failing.note(attempt, fastrand::f64(), Instant::now());
             if let Some(batch) = self.log.batch.as_mut() {
-                batch.finished(attempt, retry_in);
+                batch.finished(attempt, retry_delay(attempt.attempts, attempt.outcome.retry_after(), fastrand::f64()));
             }
         }
         let (delivered, failed): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| a.outcome == Outcome::Delivered);

@@ -2,6 +2,7 @@
 //! `outbox_log_read` returns its pgoutput messages.
 
 pub mod batch;
+pub mod failing;
 pub mod pgoutput;
 
 use std::collections::HashMap;
