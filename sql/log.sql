@@ -322,8 +322,11 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_recover(bigint) FROM PUBLIC;
 -- confirms, and not while a slot made again is not yet recovered; false otherwise.
 -- Back in table mode, once the log is delivered (table_since, logged_below), the slot is
 -- dropped instead of advanced and the lease let go: the relay stops reading, and the slot
--- keeps no WAL of the table path's writes.
-CREATE OR REPLACE FUNCTION @extschema@.outbox_log_confirm(fence bigint, reached bigint, oldest bigint)
+-- keeps no WAL of the table path's writes. advance_slot is false for a relay that streams the
+-- slot (outbox relay): it confirms the position on its replication connection, and the slot,
+-- which its stream holds, can be neither advanced nor dropped here; it reads with
+-- outbox_log_read once log mode is off, and its confirmation then drops the slot.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_confirm(fence bigint, reached bigint, oldest bigint, advance_slot boolean DEFAULT true)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -354,6 +357,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    IF NOT advance_slot THEN
+        RETURN true;
+    END IF;
     IF state.enabled OR state.logged_below IS NULL OR state.recover_from < state.logged_below THEN
         PERFORM pg_replication_slot_advance(state.slot, position);
         RETURN true;
@@ -368,7 +374,7 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION @extschema@.outbox_log_confirm(bigint, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_confirm(bigint, bigint, bigint, boolean) FROM PUBLIC;
 
 -- Makes the slot again when it is missing, or lost (dropped first): run first in its
 -- transaction, since a slot cannot be made in one that wrote, and at READ COMMITTED. Returns
@@ -440,6 +446,11 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    -- A stream that ended (outbox_log_read_start) may not have told the slot the position
+    -- confirmed last: what was delivered up to it is not read again.
+    IF state.confirmed_lsn > (SELECT r.confirmed_flush_lsn FROM pg_replication_slots AS r WHERE r.slot_name = state.slot) THEN
+        PERFORM pg_replication_slot_advance(state.slot, state.confirmed_lsn);
+    END IF;
     RETURN QUERY SELECT NULL::bigint, NULL::bytea, oldest, position, flushed;
     RETURN QUERY
     SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, oldest, position, flushed
@@ -449,6 +460,27 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_read(bigint, integer) FROM PUBLIC;
+
+-- For a relay that streams the slot instead of reading it here (outbox relay), at each read of
+-- the stream: the oldest transaction running and the WAL position written, as
+-- outbox_log_read's first row has them; the slot and publication to stream, from the position
+-- confirmed last (as a number; the slot's own may lag, its stream having ended before it sent
+-- it); and whether log mode is on (off, the relay reads with outbox_log_read, whose
+-- confirmation can drop the slot). No rows for a relay that does not hold the lease, or while
+-- a slot made again is not yet recovered.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read_start(fence bigint)
+RETURNS TABLE (enabled boolean, slot name, publication name, confirmed bigint, xmin bigint, began_at bigint)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT s.enabled, s.slot, s.publication, (s.confirmed_lsn - '0/0'::pg_lsn)::bigint,
+           pg_snapshot_xmin(pg_current_snapshot())::text::bigint, (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint
+      FROM @extschema@.outbox_log_state AS s
+     WHERE s.reader_fence = fence AND s.reader_until > clock_timestamp() AND NOT s.recovering
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_read_start(bigint) FROM PUBLIC;
 
 -- Where the events just read go: one row per (event, endpoint), the event by its place in the
 -- arrays (from 1). direct: the relay sends it now (an enabled webhook endpoint, and the event

@@ -11,17 +11,19 @@ use postgres::types::{ToSql, Type};
 use postgres::Client;
 
 use crate::connection::{connect, error_text, find_outbox, Outbox};
-use crate::metrics::Metrics;
+use crate::log_stream::{SlotToStream, StreamSignal, StreamedLog};
+use crate::metrics::{say, Metrics};
 use crate::presence::Presence;
 use outbox_core::endpoints::EndpointRow;
 use outbox_core::log::batch::{Deferrals, EventColumns, Route};
 use outbox_core::queue::{
     millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, LogLease, LogRows, Queue, QueueError,
 };
+use outbox_core::relay::Level;
 use outbox_core::statements::{
     CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, LOG_CONFIRM,
-    LOG_DEFER, LOG_LEASE, LOG_MAINTAIN, LOG_MAKE_SLOT, LOG_READ, LOG_RECOVER, LOG_ROUTE, MARK_SENT, NOTE_UNUSABLE_ENDPOINTS,
-    RECORD_FAILURES, SEQUENCE, SESSION_SETTINGS, UNCOUNT_ABANDONED,
+    LOG_CONFIRM_STREAMED, LOG_DEFER, LOG_LEASE, LOG_MAINTAIN, LOG_MAKE_SLOT, LOG_READ, LOG_READ_START, LOG_RECOVER, LOG_ROUTE, MARK_SENT,
+    NOTE_UNUSABLE_ENDPOINTS, RECORD_FAILURES, SEQUENCE, SESSION_SETTINGS, UNCOUNT_ABANDONED,
 };
 
 /// The relay's statements for one outbox, with its tables named by their schema.
@@ -43,9 +45,11 @@ struct Statements {
     log_make_slot: String,
     log_recover: String,
     log_read: String,
+    log_read_start: String,
     log_route: String,
     log_defer: String,
     log_confirm: String,
+    log_confirm_streamed: String,
     log_maintain: String,
 }
 
@@ -59,11 +63,21 @@ pub struct ClientQueue {
     /// The relay's row in outbox_relays; its id is who claims, as `claimed_by` records it.
     presence: Presence,
     metrics: Arc<Metrics>,
+    /// Log mode: the slot streamed, while it can be.
+    log_stream: StreamedLog,
 }
 
 impl ClientQueue {
     /// The queue of `outbox`, using `client` until it fails.
-    pub fn new(url: &str, client: Client, outbox: Outbox, sql_schema: &str, presence: Presence, metrics: Arc<Metrics>) -> ClientQueue {
+    pub fn new(
+        url: &str,
+        client: Client,
+        outbox: Outbox,
+        sql_schema: &str,
+        presence: Presence,
+        metrics: Arc<Metrics>,
+        log_streamed: Arc<StreamSignal>,
+    ) -> ClientQueue {
         // The workers' session settings, for this transaction only; but the isolation level is
         // BEGIN's, and deadlock_timeout is a superuser's to set (the relay's role need not be).
         // Every commit waits for the WAL, as the server is configured to: unlike a worker, this
@@ -91,9 +105,11 @@ impl ClientQueue {
             log_make_slot: outbox.qualify(LOG_MAKE_SLOT),
             log_recover: outbox.qualify(LOG_RECOVER),
             log_read: outbox.qualify(LOG_READ),
+            log_read_start: outbox.qualify(LOG_READ_START),
             log_route: outbox.qualify(LOG_ROUTE),
             log_defer: outbox.qualify(LOG_DEFER),
             log_confirm: outbox.qualify(LOG_CONFIRM),
+            log_confirm_streamed: outbox.qualify(LOG_CONFIRM_STREAMED),
             log_maintain: outbox.qualify(LOG_MAINTAIN),
             // One relay at a time deletes what expired; the others go on delivering.
             retention_lock: format!(
@@ -109,6 +125,7 @@ impl ClientQueue {
             statements,
             presence,
             metrics,
+            log_stream: StreamedLog::new(url, log_streamed),
         }
     }
 
@@ -152,6 +169,19 @@ impl ClientQueue {
                 Err(self.failure(e))
             }
         }
+    }
+
+    /// Reads the slot itself (outbox_log_read), not consuming what it reads.
+    fn log_read_slot(&mut self, fence: i64, max_changes: i32) -> Result<Option<LogRows>, QueueError> {
+        let statement = self.statements.log_read.clone();
+        let rows = self.autocommit(&statement, &[(&fence, Type::INT8), (&max_changes, Type::INT4)])?;
+        // The first row, with no message, says where the read began; none: not the reader.
+        Ok(rows.first().map(|first| LogRows {
+            messages: rows.iter().filter_map(|row| row.get(0)).collect(),
+            oldest: first.get(1),
+            began_at: first.get(2),
+            flushed_at: first.get(3),
+        }))
     }
 
     /// Runs `statement` with `arguments` on its own, in autocommit: log mode's statements that
@@ -370,6 +400,7 @@ impl Queue for ClientQueue {
     /// First in its transaction (a slot cannot be made in one that wrote), which is at READ
     /// COMMITTED (outbox_log_make_slot refuses any other).
     fn log_make_slot(&mut self, fence: i64) -> Result<bool, QueueError> {
+        self.log_stream.stop();
         self.transaction_refreshing(false, |client, statements| {
             Ok(client.query_typed_one(&statements.log_make_slot, &[(&fence, Type::INT8)])?.get(0))
         })
@@ -379,16 +410,34 @@ impl Queue for ClientQueue {
         self.transaction(|client, statements| Ok(client.query_typed_one(&statements.log_recover, &[(&fence, Type::INT8)])?.get(0)))
     }
 
+    /// From the slot's stream while log mode is on and the stream can be had (crate::log_stream);
+    /// else from the slot itself.
     fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<Option<LogRows>, QueueError> {
-        let statement = self.statements.log_read.clone();
-        let rows = self.autocommit(&statement, &[(&fence, Type::INT8), (&max_changes, Type::INT4)])?;
-        // The first row, with no message, says where the read began; none: not the reader.
-        Ok(rows.first().map(|first| LogRows {
-            messages: rows.iter().filter_map(|row| row.get(0)).collect(),
-            oldest: first.get(1),
-            began_at: first.get(2),
-            flushed_at: first.get(3),
-        }))
+        if !self.log_stream.may_stream(fence) {
+            return self.log_read_slot(fence, max_changes);
+        }
+        let statement = self.statements.log_read_start.clone();
+        let rows = self.autocommit(&statement, &[(&fence, Type::INT8)])?;
+        let Some(start) = rows.first() else {
+            self.log_stream.stop();
+            return Ok(None);
+        };
+        if !start.get::<_, bool>(0) {
+            // Back in table mode: read from the slot, whose confirmation drops it once the log
+            // is delivered.
+            self.log_stream.stop();
+            return self.log_read_slot(fence, max_changes);
+        }
+        let slot = SlotToStream { name: start.get(1), publication: start.get(2), from: start.get::<_, Option<i64>>(3).unwrap_or(0) as u64 };
+        let (oldest, began_at) = (start.get(4), start.get(5));
+        match self.log_stream.read(fence, &slot, max_changes as usize, |text| say(Level::Warning, text)) {
+            None => self.log_read_slot(fence, max_changes),
+            Some(Err(reason)) => Err(QueueError::Failed(reason)),
+            Some(Ok(read)) => {
+                let flushed_at = read.idle_at.unwrap_or(0) as i64;
+                Ok(Some(LogRows { messages: read.messages, oldest, began_at, flushed_at }))
+            }
+        }
     }
 
     fn log_route(&mut self, events: &EventColumns, version: i64) -> Result<Option<Vec<Route>>, QueueError> {
@@ -425,11 +474,17 @@ impl Queue for ClientQueue {
     }
 
     fn log_confirm(&mut self, fence: i64, end: u64, oldest: i64) -> Result<bool, QueueError> {
-        let end = end as i64;
-        self.transaction(|client, statements| {
-            let arguments: [(&(dyn ToSql + Sync), Type); 3] = [(&fence, Type::INT8), (&end, Type::INT8), (&oldest, Type::INT8)];
-            Ok(client.query_typed_one(&statements.log_confirm, &arguments)?.get(0))
-        })
+        let streamed = self.log_stream.streams(fence);
+        let position = end as i64;
+        let confirmed = self.transaction(|client, statements| {
+            let statement = if streamed { &statements.log_confirm_streamed } else { &statements.log_confirm };
+            let arguments: [(&(dyn ToSql + Sync), Type); 3] = [(&fence, Type::INT8), (&position, Type::INT8), (&oldest, Type::INT8)];
+            Ok(client.query_typed_one(statement, &arguments)?.get(0))
+        })?;
+        if streamed && confirmed {
+            self.log_stream.confirmed(end);
+        }
+        Ok(confirmed)
     }
 
     fn log_maintain(&mut self) -> Result<i32, QueueError> {

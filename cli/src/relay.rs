@@ -49,7 +49,7 @@ pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
         };
         let (id, quoted_schema) = (presence.id, outbox.schema.clone());
         say(Level::Log, &format!("relay {id} delivering from the outbox in schema {} (version {})", outbox.schema, outbox.version));
-        let queue = ClientQueue::new(url, client, outbox, schema, presence, metrics.clone());
+        let queue = ClientQueue::new(url, client, outbox, schema, presence, metrics.clone(), wake.log_streamed.clone());
         let report = ProcessReport { metrics: metrics.clone() };
         let relay = Relay::new(queue, &mut wake, report, settings.clone(), true).map_err(|e| RelayError::Setup(e.to_string()))?;
         match relay.run() {

@@ -121,6 +121,11 @@ fn percent_decode(text: &str) -> String {
 
 /// The connector for `tls`: rustls with the checks it asks for.
 pub fn connector(tls: &Tls) -> Result<MakeRustlsConnect, TlsError> {
+    Ok(MakeRustlsConnect::new(client_config(tls)?))
+}
+
+/// rustls set up with the checks `tls` asks for.
+pub fn client_config(tls: &Tls) -> Result<ClientConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
     let config = match tls.check {
@@ -141,7 +146,7 @@ pub fn connector(tls: &Tls) -> Result<MakeRustlsConnect, TlsError> {
             }
         }
     };
-    Ok(MakeRustlsConnect::new(config))
+    Ok(config)
 }
 
 fn root_store(path: Option<&PathBuf>) -> Result<RootCertStore, TlsError> {

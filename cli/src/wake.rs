@@ -1,6 +1,6 @@
 //! How the relay process waits: for a finished request (the sender's doorbell), a commit (a
 //! NOTIFY on `outbox_enqueued`, heard by a thread holding a direct connection, if it has one),
-//! a signal, or its timer.
+//! a transaction from the log's stream, a signal, or its timer.
 
 use std::io::Read;
 use std::os::fd::{AsRawFd, RawFd};
@@ -16,6 +16,7 @@ use postgres::fallible_iterator::FallibleIterator;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 use crate::connection::connect;
+use crate::log_stream::StreamSignal;
 use crate::metrics::say;
 
 /// The channel an enqueuing commit notifies.
@@ -24,6 +25,8 @@ pub const CHANNEL: &str = "outbox_enqueued";
 pub struct ProcessWake {
     /// Rung by the listener thread at each notification.
     commits: Option<Arc<Doorbell>>,
+    /// The log's stream: a transaction handed over, or streaming due to be tried again.
+    pub log_streamed: Arc<StreamSignal>,
     /// Whether the relay wants a NOTIFY per commit now, which its row in outbox_relays says.
     pub wants_notifications: Arc<AtomicBool>,
     /// Commits may have gone unheard: set by the listener thread when it (re)connects, and by
@@ -56,7 +59,15 @@ impl ProcessWake {
             }
             None => None,
         };
-        Ok(ProcessWake { commits, wants_notifications: Arc::new(AtomicBool::new(false)), unheard, stop, hangup, signalled })
+        Ok(ProcessWake {
+            commits,
+            log_streamed: Arc::new(StreamSignal::new()?),
+            wants_notifications: Arc::new(AtomicBool::new(false)),
+            unheard,
+            stop,
+            hangup,
+            signalled,
+        })
     }
 }
 
@@ -73,9 +84,13 @@ impl Wake for ProcessWake {
     /// A notification does not say what the commit wrote: a claim and a read are both due.
     fn wait(&mut self, doorbell: RawFd, timeout: Duration) -> Commits {
         let commits = self.commits.as_ref().map_or(-1, |bell| bell.fd());
-        let mut fds = [doorbell, commits, self.signalled.as_raw_fd()].map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
-        let millis = wait_millis(timeout);
-        // SAFETY: three pollfd structs the call may write; a negative fd is ignored.
+        let mut fds = [doorbell, commits, self.signalled.as_raw_fd(), self.log_streamed.fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let millis = wait_millis(self.log_streamed.until_retry().map_or(timeout, |retry| retry.min(timeout)));
+        // SAFETY: four pollfd structs the call may write; a negative fd is ignored.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
         if fds[2].revents != 0 {
             let mut drained = [0u8; 64];
@@ -85,7 +100,7 @@ impl Wake for ProcessWake {
         if let Some(bell) = self.commits.as_ref().filter(|_| committed) {
             bell.clear();
         }
-        Commits { table: committed, log: committed }
+        Commits { table: committed, log: committed || self.log_streamed.take() }
     }
 
     fn asked(&mut self) -> Asked {

@@ -1,7 +1,7 @@
 //! Log mode with `outbox relay` and the SQL install, as on a managed server: the relay makes
 //! the slot, delivers what it reads there and writes nothing for an acknowledged delivery;
 //! a slot dropped while the relay was away is made again and what it held is delivered; back in
-//! table mode, it drops the slot.
+//! table mode, it drops the slot. With the REPLICATION attribute the relay streams the slot.
 
 mod support;
 
@@ -84,4 +84,86 @@ fn the_relay_delivers_from_the_slot_and_after_a_dropped_slot_delivers_what_it_he
     let (status, said) = relay.stop();
     assert_eq!(status, 0, "{said}");
     assert!(said.contains("made the log's slot"), "{said}");
+    // outbox_relay has no REPLICATION attribute of its own (a role's attributes are not
+    // inherited): the relay read the slot instead of streaming it, and said why.
+    assert!(said.contains("cannot stream the log's slot") && said.contains("replication"), "{said}");
+}
+
+/// The relay's stream holds the slot: the server session the slot is active for is the
+/// relay's replication connection.
+const STREAMED: &str = "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot
+                         JOIN pg_stat_activity AS a ON a.pid = r.active_pid WHERE a.application_name = 'outbox relay log stream'";
+
+#[test]
+fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or_a_dropped_slot_loses_nothing() {
+    let mut db = fresh_database("outbox_t_log_stream");
+    db.batch_execute("ALTER ROLE outbox_owner REPLICATION; ALTER ROLE outbox_relay REPLICATION").unwrap();
+    migrate("outbox_t_log_stream", &[]);
+    let receiver = Receiver::start();
+    let mut owner = connect("outbox_owner", "outbox_t_log_stream");
+    owner
+        .batch_execute(&format!(
+            "SELECT outbox.outbox_endpoint_set('default', '{}');
+             SELECT outbox.outbox_set_mode('log');
+             GRANT USAGE ON SCHEMA outbox TO app;
+             GRANT EXECUTE ON FUNCTION outbox.outbox_enqueue(text, jsonb, text, timestamptz) TO app;",
+            receiver.url
+        ))
+        .unwrap();
+    let relay_url = url("outbox_relay", "outbox_t_log_stream");
+    // No listener and a poll of a minute: what the stream hands over wakes the relay.
+    let relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "60s"]);
+    wait_until("the relay streams the slot", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
+    let mut app = connect("app", "outbox_t_log_stream");
+    app.batch_execute(
+        "BEGIN; SELECT outbox.outbox_enqueue('order.placed', jsonb_build_object('n', n)) FROM generate_series(1, 50) AS n; COMMIT;
+         BEGIN; SELECT outbox.outbox_enqueue('order.placed', '{\"rolled\": \"back\"}'); ROLLBACK;
+         BEGIN; SELECT outbox.outbox_enqueue('order.placed', jsonb_build_object('n', n)) FROM generate_series(51, 100) AS n; COMMIT;",
+    )
+    .unwrap();
+    wait_until("the hundred events are delivered", Duration::from_secs(10), || receiver.count() == 100);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM outbox.outbox_deliveries") + count(&mut db, "SELECT count(*) FROM outbox.outbox"), 0);
+    // The stream confirms what was delivered: the slot lets go of it.
+    let confirmed = "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot
+                      WHERE r.confirmed_flush_lsn >= s.confirmed_lsn AND s.confirmed_lsn IS NOT NULL";
+    wait_until("the slot's position is the one confirmed", Duration::from_secs(20), || count(&mut db, confirmed) == 1);
+
+    // The server session of the stream ends (an administrator, a restart): the relay reads on
+    // and streams again.
+    db.batch_execute("SELECT pg_terminate_backend(r.active_pid) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot")
+        .unwrap();
+    app.batch_execute("SELECT outbox.outbox_enqueue('order.placed', jsonb_build_object('n', n)) FROM generate_series(101, 103) AS n")
+        .unwrap();
+    let distinct = || {
+        let mut ids: Vec<String> = receiver.received.lock().unwrap().iter().map(|(id, _)| id.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        ids.len()
+    };
+    wait_until("the three events after the cut are delivered", Duration::from_secs(10), || distinct() == 103);
+    wait_until("the relay streams the slot again", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
+
+    // Events the slot held when it was dropped are recovered; the slot made again is streamed.
+    app.batch_execute(
+        "SELECT outbox.outbox_enqueue('order.placed', '{\"n\": 104}'); SELECT outbox.outbox_enqueue('order.placed', '{\"n\": 105}');",
+    )
+    .unwrap();
+    db.batch_execute("SELECT pg_drop_replication_slot(slot) FROM outbox.outbox_log_state").unwrap();
+    let relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "1s"]);
+    wait_until("the two events the dropped slot held are delivered", Duration::from_secs(20), || distinct() == 105);
+    wait_until("the relay streams the new slot", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
+    app.batch_execute("SELECT outbox.outbox_enqueue('order.placed', '{\"n\": 106}')").unwrap();
+    wait_until("an event after the new slot is delivered", Duration::from_secs(10), || distinct() == 106);
+
+    // Back in table mode the relay stops streaming, reads the slot, and drops it.
+    owner.batch_execute("SELECT outbox.outbox_set_mode('table')").unwrap();
+    let slots = "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot";
+    wait_until("the relay drops the slot", Duration::from_secs(20), || count(&mut db, slots) == 0);
+    let received = receiver.received.lock().unwrap().clone();
+    assert!(received.iter().all(|(_, body)| !body.contains("rolled")), "the rolled-back event is never sent");
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
+    assert!(said.contains("made the log's slot") && !said.contains("cannot stream"), "{said}");
 }

@@ -79,7 +79,8 @@ pub struct LogLease {
 }
 
 /// What `log_read` returned: the pgoutput messages, the oldest transaction running when the
-/// read began and the WAL positions written and flushed then.
+/// read began and the WAL positions written and flushed then (0 for flushed: none known, and
+/// a read with no transaction confirms nothing).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogRows {
     pub messages: Vec<Vec<u8>>,

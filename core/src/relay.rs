@@ -388,6 +388,9 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             // Nothing committed in the log up to what was flushed when the read began: the slot
             // keeps no WAL of other tables up to there.
             let flushed = rows.flushed_at as u64;
+            if flushed == 0 {
+                return Ok(());
+            }
             if let Err(e) = self.queue.log_confirm(fence, flushed, self.log.starts.oldest_for(flushed)) {
                 self.failed("confirming the log's slot", e)?;
             }

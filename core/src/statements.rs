@@ -40,6 +40,10 @@ pub const LOG_ROUTE: &str = "SELECT event, endpoint, body FROM @extschema@.outbo
 pub const LOG_DEFER: &str = "SELECT @extschema@.outbox_log_defer($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 /// Log mode: the slot let go of what was delivered.
 pub const LOG_CONFIRM: &str = "SELECT @extschema@.outbox_log_confirm($1, $2, $3)";
+/// Log mode, the slot streamed (`outbox relay`): where a read of the stream begins.
+pub const LOG_READ_START: &str = "SELECT enabled, slot, publication, confirmed, xmin, began_at FROM @extschema@.outbox_log_read_start($1)";
+/// Log mode, the slot streamed: what was delivered recorded; the stream confirms the position.
+pub const LOG_CONFIRM_STREAMED: &str = "SELECT @extschema@.outbox_log_confirm($1, $2, $3, false)";
 /// Log mode: the log's partitions made ahead and dropped once read.
 pub const LOG_MAINTAIN: &str = "SELECT @extschema@.outbox_log_maintain()";
 

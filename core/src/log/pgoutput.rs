@@ -75,6 +75,38 @@ pub fn parse(data: &[u8]) -> Result<Message, MalformedMessage> {
     Ok(message)
 }
 
+/// What a message is, read from its first bytes only: enough to put a stream's messages
+/// together into transactions (crate::log::stream) without reading each row twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frame {
+    Begin,
+    Commit {
+        end: u64,
+    },
+    Relation {
+        id: u32,
+    },
+    /// An insert, update or delete of a row of relation `relation`.
+    Row {
+        relation: u32,
+    },
+    Other,
+}
+
+pub fn frame(data: &[u8]) -> Result<Frame, MalformedMessage> {
+    let mut reader = Reader { data };
+    Ok(match reader.u8()? {
+        b'B' => Frame::Begin,
+        b'C' => {
+            let (_flags, _commit_lsn) = (reader.u8()?, reader.u64()?);
+            Frame::Commit { end: reader.u64()? }
+        }
+        b'R' => Frame::Relation { id: reader.u32()? },
+        b'I' | b'U' | b'D' => Frame::Row { relation: reader.u32()? },
+        _ => Frame::Other,
+    })
+}
+
 struct Reader<'a> {
     data: &'a [u8],
 }
@@ -190,6 +222,20 @@ mod tests {
         commit.extend(9u64.to_be_bytes());
         assert_eq!(parse(&commit).unwrap(), Message::Commit { end: 0x28 });
         assert_eq!(parse(b"O").unwrap(), Message::Other(b'O'));
+    }
+
+    #[test]
+    fn a_frame_is_read_from_the_first_bytes() {
+        assert_eq!(frame(&relation()).unwrap(), Frame::Relation { id: 16385 });
+        assert_eq!(frame(b"I\0\0\x40\x01N").unwrap(), Frame::Row { relation: 16385 });
+        let mut commit = vec![b'C', 0];
+        commit.extend(0x10u64.to_be_bytes());
+        commit.extend(0x28u64.to_be_bytes());
+        assert_eq!(frame(&commit).unwrap(), Frame::Commit { end: 0x28 });
+        assert_eq!(frame(b"B").unwrap(), Frame::Begin);
+        assert_eq!(frame(b"Y").unwrap(), Frame::Other);
+        assert!(frame(b"C\0").is_err());
+        assert!(frame(&[]).is_err());
     }
 
     #[test]
