@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use outbox_core::log::batch::Route;
+use outbox_core::log::routes::{RouteCache, TopicRoute};
 use outbox_core::log::{read_events, LogRead};
 
 use super::cluster::{db, wait_until, Db};
@@ -22,6 +24,17 @@ fn read(db: &mut Db, fence: i64) -> (LogRead, i64) {
     let messages: Vec<Vec<u8>> = rows.iter().filter_map(|row| row.get(0)).collect();
     let oldest = rows.first().map_or(0, |row| row.get(1));
     (read_events(messages.iter().map(Vec::as_slice)).expect("pgoutput messages of outbox_log"), oldest)
+}
+
+/// Where the relay sends what was read: the routes of its topics (outbox_log_route), and the
+/// body of each delivery it sends at once.
+fn route(db: &mut Db, read: &LogRead) -> Vec<Route> {
+    let mut cache = RouteCache::default();
+    let topics = cache.missing(&read.events, 0);
+    let rows = db.client.query("SELECT topic, endpoint, sendable, ordered FROM outbox_log_route($1)", &[&topics]).expect("route");
+    let found = rows.iter().map(|r| TopicRoute { topic: r.get(0), endpoint: r.get(1), sendable: r.get(2), ordered: r.get(3) }).collect();
+    cache.insert(topics, found);
+    cache.routes(&read.events)
 }
 
 fn confirm(db: &mut Db, fence: i64, read: &LogRead, oldest: i64) -> bool {
@@ -125,16 +138,9 @@ fn events_routed_where_only_the_table_path_goes_are_copied_there_and_delivered()
     let fence = enter_log_mode(&mut db);
     db.execute("SELECT outbox_enqueue('log.one', '{\"n\": 1}', 'k'); SELECT outbox_enqueue('log.two', '{\"n\": 2}');");
     let (log, _) = read(&mut db, fence);
-    let topics: Vec<String> = log.events.iter().map(|e| e.topic.clone()).collect();
-    let keys: Vec<Option<String>> = log.events.iter().map(|e| e.key.clone()).collect();
-    let payloads: Vec<String> = log.events.iter().map(|e| e.payload.clone()).collect();
-    let created: Vec<String> = log.events.iter().map(|e| e.created_at.clone()).collect();
-    let routes = db
-        .client
-        .query("SELECT event, endpoint, direct, body FROM outbox_log_route($1, $2, $3, $4)", &[&topics, &keys, &payloads, &created])
-        .expect("route");
-    let routes: Vec<_> = routes.into_iter().filter(|r| r.get::<_, String>(1).starts_with("log-")).collect();
-    let routed: Vec<(i32, String, bool)> = routes.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    let routes = route(&mut db, &log);
+    let routes: Vec<_> = routes.into_iter().filter(|r| r.endpoint.starts_with("log-")).collect();
+    let routed: Vec<(i32, String, bool)> = routes.iter().map(|r| (r.event, r.endpoint.clone(), r.body.is_some())).collect();
     assert_eq!(
         routed,
         [
@@ -149,7 +155,7 @@ fn events_routed_where_only_the_table_path_goes_are_copied_there_and_delivered()
         .to_vec(),
         "the ordered endpoint's keyed event and the pull endpoint's go through the table path"
     );
-    let body: serde_json::Value = serde_json::from_str(&routes[0].get::<_, String>(3)).unwrap();
+    let body: serde_json::Value = serde_json::from_str(routes[0].body.as_deref().unwrap()).unwrap();
     assert_eq!((body["type"].as_str(), &body["data"]), (Some("log.one"), &serde_json::json!({"n": 1})), "a claim's body");
 
     // The relay copies those (and any delivery that failed) into the table path.
@@ -184,30 +190,32 @@ fn a_body_routed_from_the_log_is_byte_for_byte_what_a_claim_builds() {
     let receiver = Receiver::start(Reply::Status(204));
     db.execute(&format!("SELECT outbox_endpoint_set('log-bytes', '{}', '{{log.bytes.*}}')", receiver.url));
     let fence = enter_log_mode(&mut db);
-    db.execute(
-        r#"SELECT outbox_enqueue('log.bytes.é', '{"s": "é\"\u0001\n</script>", "n": 1.50, "big": 123456789012345678901234567890, "e": 1e-7, "a": [true, null, {"k": []}]}');
-           SELECT outbox_enqueue('log.bytes.b', '"just a string"'), outbox_enqueue('log.bytes.b', '[]');"#,
-    );
-    let (log, _) = read(&mut db, fence);
-    let columns = outbox_core::log::batch::EventColumns::new(&log.events);
-    let routed: Vec<(i32, String)> = db
-        .client
-        .query(
-            "SELECT event, body FROM outbox_log_route($1, $2, $3, $4) WHERE endpoint = 'log-bytes'",
-            &[&columns.topics, &columns.keys, &columns.payloads, &columns.created],
-        )
-        .expect("route")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
-    assert_eq!(routed.len(), 3);
-    for (event, body) in routed {
-        let id = log.events[event as usize - 1].id;
-        let claims: String = db.value(&format!(
-            "SELECT json_build_object('type', topic, 'timestamp', created_at, 'data', payload)::text FROM outbox_log WHERE id = {id}"
-        ));
-        assert_eq!(body, claims, "event {id}: the body a claim builds (sql/claim.sql) from the same row");
+    // Whatever the session's date style, and in time zones a whole number of hours from UTC
+    // or not (a claim writes both with their minutes).
+    for zone in ["UTC", "Asia/Kolkata", "America/St_Johns"] {
+        db.execute(&format!("SET DateStyle = 'SQL, DMY'; SET TimeZone = '{zone}'"));
+        db.execute(
+            r#"SELECT outbox_enqueue('log.bytes.é', '{"s": "é\"\u0001\n</script>", "n": 1.50, "big": 123456789012345678901234567890, "e": 1e-7, "a": [true, null, {"k": []}]}');
+               SELECT outbox_enqueue(E'log.bytes.\t"\\', '"just a string"'), outbox_enqueue('log.bytes.b', '[]');"#,
+        );
+        let (log, oldest) = read(&mut db, fence);
+        let routes = route(&mut db, &log);
+        let routed: Vec<_> = routes.iter().filter(|r| r.endpoint == "log-bytes").collect();
+        assert_eq!(routed.len(), 3);
+        for route in routed {
+            let id = log.events[route.event as usize - 1].id;
+            let claims: String = db.value(&format!(
+                "SELECT json_build_object('type', topic, 'timestamp', created_at, 'data', payload)::text FROM outbox_log WHERE id = {id}"
+            ));
+            assert_eq!(
+                route.body.as_deref(),
+                Some(claims.as_str()),
+                "event {id} in {zone}: the body a claim builds (sql/claim.sql) from the same row"
+            );
+        }
+        assert!(confirm(&mut db, fence, &log, oldest));
     }
+    db.execute("RESET DateStyle; RESET TimeZone");
 
     leave_log_mode(&mut db);
     db.execute("SELECT outbox_endpoint_drop('log-bytes')");

@@ -1703,17 +1703,22 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_make_slot(bigint) FROM PUBLIC;
 -- and the WAL position written then (as numbers), which outbox_log_confirm takes as oldest for
 -- a position at or past it; flushed_at is the WAL position flushed then, which the read
 -- decodes at least up to, and where a read that found nothing confirms (an asynchronous
--- commit written before began_at may not be flushed yet). Only the relay that holds the lease,
+-- commit written before began_at may not be flushed yet). endpoints_version is the endpoints'
+-- version as the read began: the relay reads the endpoints again first if it differs, as
+-- before a claim. Timestamps come in ISO style, which the relay's bodies are built from
+-- (core/src/log/routes.rs). Only the relay that holds the lease,
 -- and has not let it run out, reads; any other gets no rows, and so does every relay while a
 -- slot made again is not yet recovered (its first confirmation would move recover_from past
 -- the events that only outbox_log_recover copies).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read(fence bigint, max_changes integer)
-RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint, flushed_at bigint)
+RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint, flushed_at bigint, endpoints_version bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET datestyle = 'ISO'
 AS $$
 DECLARE
+    version bigint := coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0);
     state @extschema@.outbox_log_state;
     oldest bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
     position bigint := (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint;
@@ -1729,9 +1734,9 @@ BEGIN
     IF state.confirmed_lsn > (SELECT r.confirmed_flush_lsn FROM pg_replication_slots AS r WHERE r.slot_name = state.slot) THEN
         PERFORM pg_replication_slot_advance(state.slot, state.confirmed_lsn);
     END IF;
-    RETURN QUERY SELECT NULL::bigint, NULL::bytea, oldest, position, flushed;
+    RETURN QUERY SELECT NULL::bigint, NULL::bytea, oldest, position, flushed, version;
     RETURN QUERY
-    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, oldest, position, flushed
+    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, oldest, position, flushed, version
       FROM pg_logical_slot_peek_binary_changes(state.slot, NULL, max_changes,
                                                'proto_version', '1', 'publication_names', state.publication) AS c;
 END
@@ -1744,33 +1749,34 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_read(bigint, integer) FROM PUBLIC;
 -- outbox_log_read's first row has them; the slot and publication to stream, from the position
 -- confirmed last (as a number; the slot's own may lag, its stream having ended before it sent
 -- it); and whether log mode is on (off, the relay reads with outbox_log_read, whose
--- confirmation can drop the slot). No rows for a relay that does not hold the lease, or while
--- a slot made again is not yet recovered.
+-- confirmation can drop the slot); the endpoints' version, as outbox_log_read gives it; and the
+-- session's time zone, in which the stream writes timestamps as a read here does. No rows for
+-- a relay that does not hold the lease, or while a slot made again is not yet recovered.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read_start(fence bigint)
-RETURNS TABLE (enabled boolean, slot name, publication name, confirmed bigint, xmin bigint, began_at bigint)
+RETURNS TABLE (enabled boolean, slot name, publication name, confirmed bigint, xmin bigint, began_at bigint,
+               endpoints_version bigint, timezone text)
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT s.enabled, s.slot, s.publication, (s.confirmed_lsn - '0/0'::pg_lsn)::bigint,
-           pg_snapshot_xmin(pg_current_snapshot())::text::bigint, (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint
+           pg_snapshot_xmin(pg_current_snapshot())::text::bigint, (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint,
+           coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0), current_setting('TimeZone')
       FROM @extschema@.outbox_log_state AS s
      WHERE s.reader_fence = fence AND s.reader_until > clock_timestamp() AND NOT s.recovering
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_read_start(bigint) FROM PUBLIC;
 
--- Where the events just read go: one row per (event, endpoint), the event by its place in the
--- arrays (from 1). direct: the relay sends it now (an enabled webhook endpoint, and the event
--- has no key or the endpoint keeps no order); else it is copied into the table path at once,
--- where pull consumers claim it, an ordered key keeps its order and a disabled endpoint keeps
--- it. body is the delivery's body for a direct one, byte for byte as a claim builds it with
--- json_build_object (sql/claim.sql), put together from the payload's text as read: parsing
--- it back into jsonb doubled the cost of a read. Each topic is matched against the
--- subscriptions once, not once per event.
+-- Where events of the topics just read go: one row per (topic, endpoint). sendable: the relay
+-- may send to it now (an enabled webhook endpoint); ordered: it keeps each key's order. The
+-- relay sends an event now to a sendable endpoint unless the event has a key and the endpoint
+-- is ordered; it copies the rest into the table path, where pull consumers claim them, an
+-- ordered key keeps its order and a disabled endpoint keeps them. It keeps these rows until
+-- the endpoints change (core/src/log/routes.rs), and builds each body itself.
 -- PL/pgSQL, so that it may name outbox_topic_patterns, which sql/api.sql makes later.
-CREATE OR REPLACE FUNCTION @extschema@.outbox_log_route(topics text[], keys text[], payloads text[], created text[])
-RETURNS TABLE (event integer, endpoint text, direct boolean, body text)
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_route(topics text[])
+RETURNS TABLE (topic text, endpoint text, sendable boolean, ordered boolean)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
@@ -1778,23 +1784,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY
-    WITH read_topics AS MATERIALIZED (
-        SELECT DISTINCT topic FROM unnest(topics) AS topic),
-    subscribed AS MATERIALIZED (
-        SELECT r.topic, e.name, e.kind, e.disabled_at, e.ordered
-          FROM read_topics AS r
-          JOIN @extschema@.outbox_endpoints AS e ON e.topics && @extschema@.outbox_topic_patterns(r.topic))
-    SELECT t.event::integer, s.name, d.direct,
-           CASE WHEN d.direct
-                THEN concat('{"type" : ', to_json(t.topic), ', "timestamp" : ', to_json(t.created::timestamptz), ', "data" : ', t.payload, '}') END
-      FROM unnest(topics, keys, payloads, created) WITH ORDINALITY AS t (topic, key, payload, created, event)
-      JOIN subscribed AS s ON s.topic = t.topic
-     CROSS JOIN LATERAL (SELECT s.kind = 'webhook' AND s.disabled_at IS NULL AND NOT (s.ordered AND t.key IS NOT NULL) AS direct) AS d
-     ORDER BY t.event, s.name;
+    SELECT t.topic, e.name, e.kind = 'webhook' AND e.disabled_at IS NULL, e.ordered
+      FROM (SELECT DISTINCT u.topic FROM unnest(topics) AS u (topic)) AS t
+      JOIN @extschema@.outbox_endpoints AS e ON e.topics && @extschema@.outbox_topic_patterns(t.topic);
 END
 $$;
 
-REVOKE ALL ON FUNCTION @extschema@.outbox_log_route(text[], text[], text[], text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_route(text[]) FROM PUBLIC;
 
 -- How far the relay is behind in log mode, for monitoring: the WAL the slot keeps past its
 -- confirmed position (bytes) and how long ago the relay last confirmed (seconds); a relay

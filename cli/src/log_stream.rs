@@ -100,11 +100,13 @@ struct LogStream {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The slot to stream, and the position to stream from (0: the slot's confirmed position).
+/// The slot to stream, the position to stream from (0: the slot's confirmed position), and
+/// the time zone the relay's other statements run in, in which the stream writes timestamps.
 pub struct SlotToStream {
     pub name: String,
     pub publication: String,
     pub from: u64,
+    pub timezone: String,
 }
 
 /// What a read of the stream got: whole transactions' messages, from the first not confirmed,
@@ -138,11 +140,13 @@ impl StreamedLog {
     /// Reads the stream of `slot` under `fence`, started first if it is not; `None` if it cannot
     /// be started now (the reason is said), and an error when it ended (it is started again at
     /// the next read).
+    /// Only transactions that end past `after` (where the reads on their way end).
     pub fn read(
         &mut self,
         fence: i64,
         slot: &SlotToStream,
         max_changes: usize,
+        after: u64,
         say: impl FnOnce(&str),
     ) -> Option<Result<StreamRead, String>> {
         if self.stream.as_ref().is_some_and(|stream| stream.fence != fence) {
@@ -170,7 +174,7 @@ impl StreamedLog {
             }
         }
         let stream = self.stream.as_mut().expect("started above");
-        let read = stream.read(max_changes);
+        let read = stream.read(max_changes, after);
         if read.is_err() {
             // Read again at once, from the slot until the stream is started again: a server
             // session ended by an administrator, or a failover, leaves the slot to be read (or
@@ -212,7 +216,10 @@ impl StreamedLog {
 
 impl LogStream {
     fn start(url: &str, slot: &SlotToStream, fence: i64, signal: Arc<StreamSignal>) -> Result<LogStream, ReplicationError> {
-        let mut connection = ReplicationConnection::connect(url, "outbox relay log stream", Duration::from_secs(10))?;
+        // Timestamps as a read of the slot writes them (sql/log.sql, outbox_log_read), which the
+        // bodies are built from.
+        let settings = [("DateStyle", "ISO"), ("TimeZone", slot.timezone.as_str())];
+        let mut connection = ReplicationConnection::connect(url, "outbox relay log stream", &settings, Duration::from_secs(10))?;
         let options = [("proto_version", "1"), ("publication_names", slot.publication.as_str())];
         connection.start_logical(&slot.name, slot.from, &options)?;
         connection.set_read_timeout(RECEIVE_TIMEOUT)?;
@@ -226,7 +233,7 @@ impl LogStream {
         Ok(LogStream { fence, from: slot.from, received, pending: VecDeque::new(), idle_at: None, confirm, stop, thread: Some(thread) })
     }
 
-    fn read(&mut self, max_changes: usize) -> Result<StreamRead, String> {
+    fn read(&mut self, max_changes: usize, after: u64) -> Result<StreamRead, String> {
         loop {
             match self.received.try_recv() {
                 Ok(Received::Transaction(transaction)) => {
@@ -240,8 +247,9 @@ impl LogStream {
             }
         }
         let mut messages = Vec::new();
-        for transaction in &self.pending {
-            if !messages.is_empty() && messages.len() + transaction.messages.len() > max_changes {
+        for transaction in self.pending.iter().filter(|transaction| transaction.end > after) {
+            // As a read of the slot: the transaction in which max_changes is reached is the last.
+            if messages.len() >= max_changes {
                 break;
             }
             messages.extend(transaction.messages.iter().cloned());

@@ -15,7 +15,8 @@ use crate::log_stream::{SlotToStream, StreamSignal, StreamedLog};
 use crate::metrics::{say, Metrics};
 use crate::presence::Presence;
 use outbox_core::endpoints::EndpointRow;
-use outbox_core::log::batch::{Deferrals, EventColumns, Route};
+use outbox_core::log::batch::Deferrals;
+use outbox_core::log::routes::TopicRoute;
 use outbox_core::queue::{
     millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, LogLease, LogRows, Queue, QueueError,
 };
@@ -181,6 +182,7 @@ impl ClientQueue {
             oldest: first.get(1),
             began_at: first.get(2),
             flushed_at: first.get(3),
+            endpoints_version: first.get(4),
         }))
     }
 
@@ -412,7 +414,7 @@ impl Queue for ClientQueue {
 
     /// From the slot's stream while log mode is on and the stream can be had (crate::log_stream);
     /// else from the slot itself.
-    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<Option<LogRows>, QueueError> {
+    fn log_read(&mut self, fence: i64, max_changes: i32, after: u64) -> Result<Option<LogRows>, QueueError> {
         if !self.log_stream.may_stream(fence) {
             return self.log_read_slot(fence, max_changes);
         }
@@ -428,32 +430,30 @@ impl Queue for ClientQueue {
             self.log_stream.stop();
             return self.log_read_slot(fence, max_changes);
         }
-        let slot = SlotToStream { name: start.get(1), publication: start.get(2), from: start.get::<_, Option<i64>>(3).unwrap_or(0) as u64 };
-        let (oldest, began_at) = (start.get(4), start.get(5));
-        match self.log_stream.read(fence, &slot, max_changes as usize, |text| say(Level::Warning, text)) {
+        let slot = SlotToStream {
+            name: start.get(1),
+            publication: start.get(2),
+            from: start.get::<_, Option<i64>>(3).unwrap_or(0) as u64,
+            timezone: start.get(7),
+        };
+        let (oldest, began_at, endpoints_version) = (start.get(4), start.get(5), start.get(6));
+        match self.log_stream.read(fence, &slot, max_changes as usize, after, |text| say(Level::Warning, text)) {
             None => self.log_read_slot(fence, max_changes),
             Some(Err(reason)) => Err(QueueError::Failed(reason)),
             Some(Ok(read)) => {
                 let flushed_at = read.idle_at.unwrap_or(0) as i64;
-                Ok(Some(LogRows { messages: read.messages, oldest, began_at, flushed_at }))
+                Ok(Some(LogRows { messages: read.messages, oldest, began_at, flushed_at, endpoints_version }))
             }
         }
     }
 
-    fn log_route(&mut self, events: &EventColumns, version: i64) -> Result<Option<Vec<Route>>, QueueError> {
-        self.transaction(|client, statements| {
-            if endpoints_version(client, statements)? != version {
-                return Ok(None);
-            }
-            let arguments: [(&(dyn ToSql + Sync), Type); 4] = [
-                (&events.topics, Type::TEXT_ARRAY),
-                (&events.keys, Type::TEXT_ARRAY),
-                (&events.payloads, Type::TEXT_ARRAY),
-                (&events.created, Type::TEXT_ARRAY),
-            ];
-            let rows = client.query_typed(&statements.log_route, &arguments)?;
-            Ok(Some(rows.iter().map(|row| Route { event: row.get(0), endpoint: row.get(1), body: row.get(2) }).collect()))
-        })
+    fn log_route(&mut self, topics: &[String]) -> Result<Vec<TopicRoute>, QueueError> {
+        let statement = self.statements.log_route.clone();
+        let rows = self.autocommit(&statement, &[(&topics, Type::TEXT_ARRAY)])?;
+        Ok(rows
+            .iter()
+            .map(|row| TopicRoute { topic: row.get(0), endpoint: row.get(1), sendable: row.get(2), ordered: row.get(3) })
+            .collect())
     }
 
     fn log_defer(&mut self, deferrals: &Deferrals) -> Result<i64, QueueError> {
@@ -471,6 +471,10 @@ impl Queue for ClientQueue {
             ];
             Ok(client.query_typed_one(&statements.log_defer, &arguments)?.get(0))
         })
+    }
+
+    fn log_reads_ahead(&self, fence: i64) -> bool {
+        self.log_stream.streams(fence)
     }
 
     fn log_confirm(&mut self, fence: i64, end: u64, oldest: i64) -> Result<bool, QueueError> {

@@ -56,8 +56,13 @@ pub struct ReplicationConnection {
 
 impl ReplicationConnection {
     /// Connects to the database of `url` for logical replication, as its user (who needs the
-    /// REPLICATION attribute), with the TLS the URL asks for.
-    pub fn connect(url: &str, application_name: &str, timeout: Duration) -> Result<ReplicationConnection, ReplicationError> {
+    /// REPLICATION attribute), with the TLS the URL asks for and the session's `settings`.
+    pub fn connect(
+        url: &str,
+        application_name: &str,
+        settings: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<ReplicationConnection, ReplicationError> {
         let (url, tls) = take_tls(url).map_err(ConnectError::from)?;
         let config = Config::from_str(&url).map_err(ConnectError::Url)?;
         let user = match config.get_user() {
@@ -81,7 +86,9 @@ impl ReplicationConnection {
         connection.socket.set_read_timeout(Some(timeout))?;
         let database = config.get_dbname().unwrap_or(&user).to_string();
         let name = config.get_application_name().unwrap_or(application_name).to_string();
-        let parameters = [("user", user.as_str()), ("database", &database), ("replication", "database"), ("application_name", &name)];
+        let mut parameters =
+            vec![("user", user.as_str()), ("database", &database), ("replication", "database"), ("application_name", &name)];
+        parameters.extend_from_slice(settings);
         connection.send(|buffer| frontend::startup_message(parameters, buffer))?;
         connection.authenticate(config.get_password().unwrap_or_default(), &user)?;
         Ok(connection)

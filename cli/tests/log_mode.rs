@@ -112,8 +112,8 @@ fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or
         .unwrap();
     let relay_url = url("outbox_relay", "outbox_t_log_stream");
     // No listener and a poll of a minute: what the stream hands over wakes the relay.
-    let relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "60s"]);
-    wait_until("the relay streams the slot", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
+    let mut relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "60s"]);
+    relay.wait_until("the relay streams the slot", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
     let mut app = connect("app", "outbox_t_log_stream");
     app.batch_execute(
         "BEGIN; SELECT outbox.outbox_enqueue('order.placed', jsonb_build_object('n', n)) FROM generate_series(1, 50) AS n; COMMIT;
@@ -121,12 +121,12 @@ fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or
          BEGIN; SELECT outbox.outbox_enqueue('order.placed', jsonb_build_object('n', n)) FROM generate_series(51, 100) AS n; COMMIT;",
     )
     .unwrap();
-    wait_until("the hundred events are delivered", Duration::from_secs(10), || receiver.count() == 100);
+    relay.wait_until("the hundred events are delivered", Duration::from_secs(10), || receiver.count() == 100);
     assert_eq!(count(&mut db, "SELECT count(*) FROM outbox.outbox_deliveries") + count(&mut db, "SELECT count(*) FROM outbox.outbox"), 0);
     // The stream confirms what was delivered: the slot lets go of it.
     let confirmed = "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot
                       WHERE r.confirmed_flush_lsn >= s.confirmed_lsn AND s.confirmed_lsn IS NOT NULL";
-    wait_until("the slot's position is the one confirmed", Duration::from_secs(20), || count(&mut db, confirmed) == 1);
+    relay.wait_until("the slot's position is the one confirmed", Duration::from_secs(20), || count(&mut db, confirmed) == 1);
 
     // The server session of the stream ends (an administrator, a restart): the relay reads on
     // and streams again.
@@ -140,8 +140,8 @@ fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or
         ids.dedup();
         ids.len()
     };
-    wait_until("the three events after the cut are delivered", Duration::from_secs(10), || distinct() == 103);
-    wait_until("the relay streams the slot again", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
+    relay.wait_until("the three events after the cut are delivered", Duration::from_secs(10), || distinct() == 103);
+    relay.wait_until("the relay streams the slot again", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
     let (status, said) = relay.stop();
     assert_eq!(status, 0, "{said}");
 
@@ -151,16 +151,16 @@ fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or
     )
     .unwrap();
     db.batch_execute("SELECT pg_drop_replication_slot(slot) FROM outbox.outbox_log_state").unwrap();
-    let relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "1s"]);
-    wait_until("the two events the dropped slot held are delivered", Duration::from_secs(20), || distinct() == 105);
-    wait_until("the relay streams the new slot", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
+    let mut relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "1s"]);
+    relay.wait_until("the two events the dropped slot held are delivered", Duration::from_secs(20), || distinct() == 105);
+    relay.wait_until("the relay streams the new slot", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
     app.batch_execute("SELECT outbox.outbox_enqueue('order.placed', '{\"n\": 106}')").unwrap();
-    wait_until("an event after the new slot is delivered", Duration::from_secs(10), || distinct() == 106);
+    relay.wait_until("an event after the new slot is delivered", Duration::from_secs(10), || distinct() == 106);
 
     // Back in table mode the relay stops streaming, reads the slot, and drops it.
     owner.batch_execute("SELECT outbox.outbox_set_mode('table')").unwrap();
     let slots = "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot";
-    wait_until("the relay drops the slot", Duration::from_secs(20), || count(&mut db, slots) == 0);
+    relay.wait_until("the relay drops the slot", Duration::from_secs(20), || count(&mut db, slots) == 0);
     let received = receiver.received.lock().unwrap().clone();
     assert!(received.iter().all(|(_, body)| !body.contains("rolled")), "the rolled-back event is never sent");
     let (status, said) = relay.stop();

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use crate::delivery::{retry_delay, Attempt, AttemptKey, Event};
 use crate::endpoints::{ClaimPlan, EndpointRow};
-use crate::log::batch::{Deferrals, EventColumns, Route};
+use crate::log::batch::Deferrals;
+use crate::log::routes::TopicRoute;
 
 /// Why a statement of the queue failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,11 +58,16 @@ pub trait Queue {
     /// deliveries that made.
     fn log_recover(&mut self, fence: i64) -> Result<i64, QueueError>;
     /// Up to about `max_changes` changes of whole transactions from the slot, not consumed;
-    /// `None` if `fence` no longer holds the lease.
-    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<Option<LogRows>, QueueError>;
-    /// Where each event goes (`outbox_log_route`); `None` if the endpoints changed since
-    /// `version` (they are read again, as for a claim).
-    fn log_route(&mut self, events: &EventColumns, version: i64) -> Result<Option<Vec<Route>>, QueueError>;
+    /// `None` if `fence` no longer holds the lease. `after`: the end of the last read still on
+    /// its way (0: none), past which a queue that reads ahead reads.
+    fn log_read(&mut self, fence: i64, max_changes: i32, after: u64) -> Result<Option<LogRows>, QueueError>;
+    /// Whether a read under `fence` may begin before the reads on their way are confirmed: not
+    /// for a queue that reads the slot itself, which hands out from its confirmed position.
+    fn log_reads_ahead(&self, _fence: i64) -> bool {
+        false
+    }
+    /// Where events of `topics` go (`outbox_log_route`), by the endpoints as they are now.
+    fn log_route(&mut self, topics: &[String]) -> Result<Vec<TopicRoute>, QueueError>;
     /// Copies deliveries into the table path; returns how many it made.
     fn log_defer(&mut self, deferrals: &Deferrals) -> Result<i64, QueueError>;
     /// Lets the slot go of everything before `end`; false if this relay lost the lease.
@@ -87,6 +93,8 @@ pub struct LogRows {
     pub oldest: i64,
     pub began_at: i64,
     pub flushed_at: i64,
+    /// The endpoints' version as the read began.
+    pub endpoints_version: i64,
 }
 
 /// What `load_endpoints` read: the endpoints just disabled (name and reason), those to claim

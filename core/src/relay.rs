@@ -5,15 +5,17 @@
 //! SPI, its latch and shared memory; the `outbox` process with a client connection, LISTEN
 //! and Prometheus counters.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use crate::delivery::{one_line, retry_delay, Attempt, AttemptKey, Destinations, Outcome, Sender, SenderError, MAX_ERROR_BYTES};
 use crate::endpoints::Endpoints;
-use crate::log::batch::{is_log_fence, next_log_fence, Deferrals, EventColumns, LogBatch, ReadStarts, Start};
+use crate::log::batch::{is_log_fence, next_log_fence, Deferrals, LogBatch, ReadStarts, Start};
 use crate::log::failing::FailingEndpoints;
 use crate::log::read_events;
+use crate::log::routes::RouteCache;
 use crate::queue::{AttemptColumns, ClaimArguments, Claimed, DeadDelivery, FailureColumns, Queue, QueueError};
 use crate::settings::Settings;
 pub use crate::timers::Commits;
@@ -30,6 +32,9 @@ const REPEAT_WARNING_AFTER: Duration = Duration::from_secs(60);
 /// Log mode: a read of the slot takes about this many changes (whole transactions; an event
 /// alone in its transaction is three).
 const LOG_READ_CHANGES: i32 = 6_000;
+/// Reads of a streamed slot on their way at once: the next read's deliveries start as the
+/// last requests of the one before finish, not once it is confirmed.
+const LOG_READS_ON_THEIR_WAY: usize = 4;
 
 /// How a driver waits, and what it was asked meanwhile.
 pub trait Wake {
@@ -126,11 +131,13 @@ pub struct Relay<Q, W, R> {
     log: LogReading,
 }
 
-/// Log mode: the lease this relay holds on reading the slot (0: none), the read on its way
-/// (one at a time: the slot is confirmed in order), and where recent reads began.
+/// Log mode: the lease this relay holds on reading the slot (0: none), the reads on their way
+/// (confirmed in order), and where recent reads began.
 struct LogReading {
     fence: i64,
-    batch: Option<LogBatch>,
+    /// One at a time from a queue that reads the slot itself, which hands out from its
+    /// confirmed position; up to `LOG_READS_ON_THEIR_WAY` from one that streams it.
+    batches: VecDeque<LogBatch>,
     /// The last read's fencing token (`next_log_fence`).
     last_read_fence: i32,
     starts: ReadStarts,
@@ -140,6 +147,8 @@ struct LogReading {
     renew_at: Instant,
     /// Endpoints whose deliveries the next reads copy into the table path for a while.
     failing: FailingEndpoints,
+    /// Where each topic read goes, by the endpoints' version.
+    routes: RouteCache,
     /// The slot could not be made again or recovered: tried again at the poll, not at each
     /// commit into the log.
     slot_unready: bool,
@@ -149,12 +158,13 @@ impl Default for LogReading {
     fn default() -> LogReading {
         LogReading {
             fence: 0,
-            batch: None,
+            batches: VecDeque::new(),
             last_read_fence: 0,
             starts: ReadStarts::default(),
             full: false,
             renew_at: Instant::now(),
             failing: FailingEndpoints::default(),
+            routes: RouteCache::default(),
             slot_unready: false,
         }
     }
@@ -166,7 +176,7 @@ impl LogReading {
     /// it here, so what it holds is read again).
     fn lease_lost(&mut self) {
         self.fence = 0;
-        self.batch = None;
+        self.batches.clear();
         self.starts = ReadStarts::default();
     }
 }
@@ -235,7 +245,8 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
                 can_claim,
                 acks_to_record: !self.unrecorded_acks.is_empty(),
                 finishes_may_be_silent: doorbell.may_be_silent(),
-                log_read_renews_lease_at: self.log.batch.as_ref().map(|_| self.log.renew_at),
+                log_read_renews_lease_at: (!self.log.batches.is_empty()).then_some(self.log.renew_at),
+                log_room: self.log_room(),
             });
             let commits = self.wake.wait(doorbell.fd(), sleep);
             timers.after_wait(commits, self.settings.poll_interval);
@@ -333,18 +344,18 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         }
     }
 
-    /// Log mode: starts what the read on its way has room for and confirms it once delivered;
-    /// with none on its way and one due, takes the lease and reads the slot's next
-    /// transactions. Deliveries only the table path makes (and failures) are copied there.
+    /// Log mode: starts what the reads on their way have room for and confirms each once
+    /// delivered; with room for another read (none on its way, or the queue reads ahead) and
+    /// one due, takes the lease and reads the slot's next transactions. Deliveries only the
+    /// table path makes (and failures) are copied there.
     fn read_log_if_due(&mut self, timers: &mut Timers) -> Result<(), Ended> {
-        if self.log.batch.is_none() {
+        if self.log_room() {
             let woken = std::mem::take(&mut timers.log_woken) && self.log.fence != 0 && !self.log.slot_unready;
-            if !std::mem::take(&mut timers.log_due) && !woken {
-                return Ok(());
+            if std::mem::take(&mut timers.log_due) || woken {
+                self.read_log(timers)?;
             }
-            self.read_log(timers)?;
         }
-        if self.log.batch.is_some() && Instant::now() >= self.log.renew_at {
+        if !self.log.batches.is_empty() && Instant::now() >= self.log.renew_at {
             self.lease_log(timers)?;
         }
         self.start_log_deliveries();
@@ -356,6 +367,13 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         Ok(())
     }
 
+    /// Whether another read of the log may begin: none is on its way, or the queue reads ahead
+    /// and fewer than `LOG_READS_ON_THEIR_WAY` are.
+    fn log_room(&self) -> bool {
+        let on_their_way = self.log.batches.len();
+        on_their_way == 0 || (on_their_way < LOG_READS_ON_THEIR_WAY && self.queue.log_reads_ahead(self.log.fence))
+    }
+
     fn read_log(&mut self, timers: &mut Timers) -> Result<(), Ended> {
         // The read checks the lease itself: it is renewed, and the slot looked at, only when due
         // (doing so at each read took a seventh of the reader's time).
@@ -365,7 +383,8 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             let Some(fence) = self.lease_log(timers)? else { return Ok(()) };
             fence
         };
-        let rows = match self.queue.log_read(fence, LOG_READ_CHANGES) {
+        let after = self.log.batches.back().map_or(0, |batch| batch.end);
+        let rows = match self.queue.log_read(fence, LOG_READ_CHANGES, after) {
             Ok(Some(rows)) => rows,
             Ok(None) => {
                 self.log.lease_lost();
@@ -386,9 +405,9 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         };
         let Some(end) = read.end else {
             // Nothing committed in the log up to what was flushed when the read began: the slot
-            // keeps no WAL of other tables up to there.
+            // keeps no WAL of other tables up to there (unless reads before are on their way).
             let flushed = rows.flushed_at as u64;
-            if flushed == 0 {
+            if flushed == 0 || !self.log.batches.is_empty() {
                 return Ok(());
             }
             if let Err(e) = self.queue.log_confirm(fence, flushed, self.log.starts.oldest_for(flushed)) {
@@ -396,35 +415,29 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             }
             return Ok(());
         };
-        // Routed by the endpoints as they are, read again first if they changed (as for a
-        // claim: a new secret signs every attempt started after its rotation committed).
-        let columns = EventColumns::new(&read.events);
-        let mut routes = None;
-        for _ in 0..2 {
-            if read.events.is_empty() {
-                routes = Some(Vec::new());
-                break;
-            }
-            match self.queue.log_route(&columns, self.endpoints.version) {
-                Ok(Some(found)) => {
-                    routes = Some(found);
-                    break;
-                }
-                Ok(None) => self.read_endpoints()?,
+        // Routed by the endpoints as they were when the read began, read again first if they
+        // changed (as for a claim: a new secret signs every attempt started after its rotation
+        // committed).
+        if rows.endpoints_version != self.endpoints.version {
+            self.read_endpoints()?;
+        }
+        let topics = self.log.routes.missing(&read.events, self.endpoints.version);
+        if !topics.is_empty() {
+            match self.queue.log_route(&topics) {
+                Ok(found) => self.log.routes.insert(topics, found),
                 Err(e) => return self.failed("routing the events read from the log", e),
             }
         }
-        let Some(routes) = routes else {
-            // They changed again meanwhile: read the slot again at once.
-            timers.log_due = true;
-            return Ok(());
-        };
+        let routes = self.log.routes.routes(&read.events);
         let now = Instant::now();
         let (endpoints, failing) = (&self.endpoints, &self.log.failing);
         self.log.last_read_fence = next_log_fence(self.log.last_read_fence);
         let fence = self.log.last_read_fence;
         let sendable = |name: &str| endpoints.sendable(name).filter(|_| !failing.holds(name, now));
-        self.log.batch = Some(LogBatch::new(read.events, end, fence, routes, sendable));
+        self.log.batches.push_back(LogBatch::new(read.events, end, fence, routes, sendable));
+        // A full read leaves more to read: at once if there is room for it, else once the
+        // reads on their way are confirmed.
+        timers.log_due |= self.log.full;
         Ok(())
     }
 
@@ -452,9 +465,9 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         self.log.renew_at = Instant::now() + self.settings.lease / 2;
         self.log.slot_unready = !lease.slot_ready;
         if !lease.slot_ready {
-            // A read on its way is of the slot that was lost: its events are recovered, and
-            // its end is no position of the new slot's.
-            self.log.batch = None;
+            // Reads on their way are of the slot that was lost: their events are recovered, and
+            // their ends are no positions of the new slot's.
+            self.log.batches.clear();
             self.log.starts = ReadStarts::default();
             // Tried again at the next poll's read (no read is on its way now, and commits do
             // not wake it: slot_unready), which renews the lease first. Until the recovery
@@ -479,49 +492,51 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         Ok(Some(lease.fence))
     }
 
+    /// In the order read: a later read's deliveries take the room an earlier one's leave.
     fn start_log_deliveries(&mut self) {
-        let Some(batch) = self.log.batch.as_mut() else { return };
         let (endpoints, sender, settings) = (&self.endpoints, &mut self.sender, &self.settings);
-        batch.start(|event| match endpoints.target(&event.endpoint) {
-            Some(target) if endpoints.has_room(&event.endpoint, sender, settings) => {
-                sender.send(&target, event);
-                Start::Started
-            }
-            Some(_) => Start::NoRoom(event),
-            None => Start::Unsendable(event),
-        });
+        for batch in self.log.batches.iter_mut() {
+            batch.start(|event| match endpoints.target(&event.endpoint) {
+                Some(target) if endpoints.has_room(&event.endpoint, sender, settings) => {
+                    sender.send(&target, event);
+                    Start::Started
+                }
+                Some(_) => Start::NoRoom(event),
+                None => Start::Unsendable(event),
+            });
+        }
         self.report.in_flight(self.sender.in_flight());
     }
 
-    /// Once every delivery of the read on its way is acknowledged or failed: copies into the
-    /// table path what goes there, then confirms the slot up to the read's end. Whether it
-    /// copied any, if it confirmed.
+    /// Once every delivery of the first reads on their way is acknowledged or failed: copies
+    /// into the table path what goes there, then confirms the slot up to the last of them.
+    /// Whether it copied any, if it confirmed.
     fn confirm_log_if_done(&mut self) -> Result<Option<bool>, Ended> {
-        let Some(mut batch) = self.log.batch.take() else { return Ok(None) };
-        if !batch.is_done() {
-            self.log.batch = Some(batch);
+        let done = self.log.batches.iter().take_while(|batch| batch.is_done()).count();
+        if done == 0 {
             return Ok(None);
         }
-        let copied = !batch.deferrals.is_empty();
-        if copied {
+        let mut copied = false;
+        for batch in self.log.batches.iter_mut().take(done).filter(|batch| !batch.deferrals.is_empty()) {
             if let Err(e) = self.queue.log_defer(&batch.deferrals) {
-                self.log.batch = Some(batch);
                 return self.failed("copying deliveries read from the log into the table", e).map(|()| None);
             }
             batch.deferrals = Deferrals::default();
+            copied = true;
         }
-        let oldest = self.log.starts.oldest_for(batch.end);
-        match self.queue.log_confirm(self.log.fence, batch.end, oldest) {
-            Ok(true) => Ok(Some(copied)),
+        let end = self.log.batches[done - 1].end;
+        let oldest = self.log.starts.oldest_for(end);
+        match self.queue.log_confirm(self.log.fence, end, oldest) {
+            Ok(true) => {
+                self.log.batches.drain(..done);
+                Ok(Some(copied))
+            }
             Ok(false) => {
                 self.report.log(Level::Warning, "another relay reads the log now; this one's last read may be sent again");
                 self.log.lease_lost();
                 Ok(None)
             }
-            Err(e) => {
-                self.log.batch = Some(batch);
-                self.failed("confirming the log's slot", e).map(|()| None)
-            }
+            Err(e) => self.failed("confirming the log's slot", e).map(|()| None),
         }
     }
 
@@ -563,8 +578,9 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         let (from_log, finished): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| is_log_fence(a.fence));
         for attempt in &from_log {
             self.log.failing.note(attempt, fastrand::f64(), Instant::now());
-            if let Some(batch) = self.log.batch.as_mut() {
-                batch.finished(attempt, retry_delay(attempt.attempts, attempt.outcome.retry_after(), fastrand::f64()));
+            let retry_in = retry_delay(attempt.attempts, attempt.outcome.retry_after(), fastrand::f64());
+            for batch in self.log.batches.iter_mut() {
+                batch.finished(attempt, retry_in);
             }
         }
         let (delivered, failed): (Vec<Attempt>, Vec<Attempt>) = finished.into_iter().partition(|a| a.outcome == Outcome::Delivered);

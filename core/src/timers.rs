@@ -33,9 +33,11 @@ pub struct Waiting {
     pub acks_to_record: bool,
     /// The doorbell waits for several attempts to finish (`Doorbell::ring_at`).
     pub finishes_may_be_silent: bool,
-    /// While deliveries of a read of the log are on their way (the next read waits for them):
-    /// when the lease on reading the log is renewed.
+    /// While deliveries of a read of the log are on their way: when the lease on reading the
+    /// log is renewed.
     pub log_read_renews_lease_at: Option<Instant>,
+    /// Another read of the log may begin: none is on its way, or the queue reads ahead.
+    pub log_room: bool,
 }
 
 /// When the loop's next claim and retention pass are due.
@@ -104,7 +106,7 @@ impl Timers {
     /// retry of unrecorded acknowledgements, and no longer than `SILENT_FINISH_CHECK` while the
     /// doorbell may not ring for an attempt that finished.
     pub fn sleep(&self, relay: Waiting) -> Duration {
-        if (self.claim_due && relay.can_claim) || (self.log_due && relay.log_read_renews_lease_at.is_none()) {
+        if (self.claim_due && relay.can_claim) || (self.log_due && relay.log_room) {
             return Duration::ZERO;
         }
         let now = Instant::now();
@@ -190,6 +192,8 @@ mod tests {
             sleep > Duration::from_secs(4) && sleep <= Duration::from_secs(5),
             "the next read waits for the one on its way, and the lease's renewal does not: {sleep:?}"
         );
+        let ahead = Waiting { log_room: true, ..reading };
+        assert_eq!(timers.sleep(ahead), Duration::ZERO, "a queue that reads ahead reads before the read on its way is confirmed");
         timers.log_due = false;
         timers.after_wait(Commits { table: true, log: false }, Duration::from_secs(60));
         assert!(timers.claim_due && !timers.endpoints_stale, "a commit into the table path claims without reading the endpoints");

@@ -11,7 +11,8 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use super::transaction::{self, TransactionError};
 use crate::catalog::Installation;
 use outbox_core::endpoints::EndpointRow;
-use outbox_core::log::batch::{Deferrals, EventColumns, Route};
+use outbox_core::log::batch::Deferrals;
+use outbox_core::log::routes::TopicRoute;
 use outbox_core::queue::{
     millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, LogLease, LogRows, Queue, QueueError,
 };
@@ -413,7 +414,7 @@ impl Queue for Queries {
         made.map(|made| made.unwrap_or(0)).map_err(|e| self.failure(e))
     }
 
-    fn log_read(&mut self, fence: i64, max_changes: i32) -> Result<Option<LogRows>, QueueError> {
+    fn log_read(&mut self, fence: i64, max_changes: i32, _after: u64) -> Result<Option<LogRows>, QueueError> {
         let read = transaction::run(|| {
             Spi::connect(|client| {
                 decode_quietly();
@@ -424,9 +425,9 @@ impl Queue for Queries {
                         // The first row, with no message, says where the read began; none: not
                         // the reader.
                         _ => {
-                            let (oldest, began_at, flushed_at) =
-                                (row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0), row.get(4)?.unwrap_or(0));
-                            read = Some(LogRows { messages: Vec::new(), oldest, began_at, flushed_at });
+                            let (oldest, began_at, flushed_at, endpoints_version) =
+                                (row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0), row.get(4)?.unwrap_or(0), row.get(5)?.unwrap_or(0));
+                            read = Some(LogRows { messages: Vec::new(), oldest, began_at, flushed_at, endpoints_version });
                         }
                     }
                 }
@@ -436,23 +437,19 @@ impl Queue for Queries {
         read.map_err(|e| self.failure(e))
     }
 
-    fn log_route(&mut self, events: &EventColumns, version: i64) -> Result<Option<Vec<Route>>, QueueError> {
+    fn log_route(&mut self, topics: &[String]) -> Result<Vec<TopicRoute>, QueueError> {
         let routes = transaction::run(|| {
-            Spi::connect_mut(|client| {
-                if endpoints_version(client, self)? != version {
-                    return Ok(None);
-                }
-                let args = [
-                    events.topics.clone().into(),
-                    events.keys.clone().into(),
-                    events.payloads.clone().into(),
-                    events.created.clone().into(),
-                ];
+            Spi::connect(|client| {
                 let mut routes = Vec::new();
-                for row in client.update(self.log.route.as_str(), None, &args)? {
-                    routes.push(Route { event: row.get(1)?.unwrap_or(0), endpoint: row.get(2)?.unwrap_or_default(), body: row.get(3)? });
+                for row in client.select(self.log.route.as_str(), None, &[topics.to_vec().into()])? {
+                    routes.push(TopicRoute {
+                        topic: row.get(1)?.unwrap_or_default(),
+                        endpoint: row.get(2)?.unwrap_or_default(),
+                        sendable: row.get(3)?.unwrap_or(false),
+                        ordered: row.get(4)?.unwrap_or(false),
+                    });
                 }
-                Ok(Some(routes))
+                Ok(routes)
             })
         });
         routes.map_err(|e| self.failure(e))

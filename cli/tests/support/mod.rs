@@ -5,7 +5,8 @@
 
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -76,6 +77,22 @@ impl Relay {
         Relay { child }
     }
 
+    /// Waits until `condition` holds; after `deadline`, stops the relay and panics with what
+    /// it printed.
+    pub fn wait_until(&mut self, what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
+        let end = Instant::now() + deadline;
+        while !condition() {
+            if Instant::now() >= end {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let mut output = String::new();
+                self.child.stderr.take().expect("piped").read_to_string(&mut output).ok();
+                panic!("timed out after {deadline:?} waiting until {what}; the relay said:\n{output}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM, then its exit status and what it printed.
     pub fn stop(mut self) -> (i32, String) {
         // SAFETY: signals a child process of ours, which has not been waited for yet.
@@ -84,6 +101,42 @@ impl Relay {
         let mut output = String::new();
         self.child.stderr.take().expect("piped").read_to_string(&mut output).ok();
         (status.code().unwrap_or(-1), output)
+    }
+}
+
+/// Reads the requests of one connection and answers each 204, until the relay closes it.
+fn answer_each(stream: TcpStream, kept: &Mutex<Vec<(String, String)>>) {
+    let mut writer = stream.try_clone().expect("a second handle on the connection");
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        if !matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+            return;
+        }
+        let (mut id, mut length) = (String::new(), 0);
+        loop {
+            line.clear();
+            if !matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+                return;
+            }
+            if line == "\r\n" {
+                break;
+            }
+            let Some((name, value)) = line.split_once(':') else { return };
+            match name.trim().to_ascii_lowercase().as_str() {
+                "webhook-id" => id = value.trim().to_string(),
+                "content-length" => length = value.trim().parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        kept.lock().unwrap().push((id, String::from_utf8_lossy(&body).into_owned()));
+        if writer.write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n").is_err() {
+            return;
+        }
     }
 }
 
@@ -104,6 +157,8 @@ pub fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() ->
 }
 
 /// A webhook receiver on 127.0.0.1 that answers 204 and keeps each request's webhook-id and body.
+/// Plain HTTP/1.1 on std sockets, a thread per connection: tiny_http's pool of threads left
+/// some of a burst of connections unanswered until the relay's timeout.
 pub struct Receiver {
     pub url: String,
     pub received: Arc<Mutex<Vec<(String, String)>>>,
@@ -111,17 +166,14 @@ pub struct Receiver {
 
 impl Receiver {
     pub fn start() -> Receiver {
-        let server = tiny_http::Server::http("127.0.0.1:0").expect("listen on 127.0.0.1");
-        let url = format!("http://{}/hook", server.server_addr().to_ip().expect("an IP address"));
+        let listener = TcpListener::bind("127.0.0.1:0").expect("listen on 127.0.0.1");
+        let url = format!("http://{}/hook", listener.local_addr().expect("a bound address"));
         let received = Arc::new(Mutex::new(Vec::new()));
         let kept = received.clone();
         std::thread::spawn(move || {
-            for mut request in server.incoming_requests() {
-                let id = request.headers().iter().find(|h| h.field.equiv("webhook-id")).map(|h| h.value.to_string()).unwrap_or_default();
-                let mut body = String::new();
-                request.as_reader().read_to_string(&mut body).ok();
-                kept.lock().unwrap().push((id, body));
-                let _ = request.respond(tiny_http::Response::empty(204));
+            for stream in listener.incoming().flatten() {
+                let kept = kept.clone();
+                std::thread::spawn(move || answer_each(stream, &kept));
             }
         });
         Receiver { url, received }

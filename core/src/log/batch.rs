@@ -36,26 +36,6 @@ pub struct Route {
     pub body: Option<String>,
 }
 
-/// The events of a read as `outbox_log_route` takes them, as columns.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EventColumns {
-    pub topics: Vec<String>,
-    pub keys: Vec<Option<String>>,
-    pub payloads: Vec<String>,
-    pub created: Vec<String>,
-}
-
-impl EventColumns {
-    pub fn new(events: &[LogEvent]) -> EventColumns {
-        EventColumns {
-            topics: events.iter().map(|e| e.topic.clone()).collect(),
-            keys: events.iter().map(|e| e.key.clone()).collect(),
-            payloads: events.iter().map(|e| e.payload.clone()).collect(),
-            created: events.iter().map(|e| e.created_at.clone()).collect(),
-        }
-    }
-}
-
 /// Deliveries copied into the table path, as `outbox_log_defer` takes them: one element per
 /// delivery, its event's columns repeated.
 #[derive(Debug, Clone, Default, PartialEq)]

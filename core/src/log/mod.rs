@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod failing;
 pub mod pgoutput;
+pub mod routes;
 pub mod stream;
 
 use std::collections::HashMap;
