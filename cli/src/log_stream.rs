@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -27,6 +27,11 @@ const RECEIVE_TIMEOUT: Duration = Duration::from_millis(100);
 /// A status goes to the server this often at least (its wal_sender_timeout is a minute by
 /// default).
 const STATUS_EVERY: Duration = Duration::from_secs(10);
+/// The most changes the relay holds unconfirmed before the thread stops reading (a backlog of
+/// millions would otherwise all be held in memory), and how long it waits then before it looks
+/// again: four reads of 6,000 changes are on their way at most.
+const HELD_AT_MOST: usize = 100_000;
+const PAUSE: Duration = Duration::from_millis(10);
 /// Streaming failed to start: tried again after this long, doubled up to a minute.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LAST_RETRY: Duration = Duration::from_secs(60);
@@ -95,9 +100,17 @@ struct LogStream {
     pending: VecDeque<Transaction>,
     /// The server's last position with no transaction open, if none was handed over since.
     idle_at: Option<u64>,
-    confirm: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the relay and the thread share: the position the relay confirmed last, the changes it
+/// holds unconfirmed, and whether the thread is to stop.
+#[derive(Default)]
+struct Shared {
+    confirm: AtomicU64,
+    held: AtomicUsize,
+    stop: AtomicBool,
 }
 
 /// The slot to stream, the position to stream from (0: the slot's confirmed position), and
@@ -201,10 +214,10 @@ impl StreamedLog {
     /// Everything up to `end` is delivered and recorded: the stream lets the slot go of it.
     pub fn confirmed(&mut self, end: u64) {
         if let Some(stream) = self.stream.as_mut() {
-            while stream.pending.front().is_some_and(|transaction| transaction.end <= end) {
-                stream.pending.pop_front();
+            while let Some(transaction) = stream.pending.pop_front_if(|transaction| transaction.end <= end) {
+                stream.shared.held.fetch_sub(transaction.messages.len(), Ordering::Relaxed);
             }
-            stream.confirm.fetch_max(end, Ordering::Relaxed);
+            stream.shared.confirm.fetch_max(end, Ordering::Relaxed);
         }
     }
 
@@ -216,21 +229,21 @@ impl StreamedLog {
 
 impl LogStream {
     fn start(url: &str, slot: &SlotToStream, fence: i64, signal: Arc<StreamSignal>) -> Result<LogStream, ReplicationError> {
-        // Timestamps as a read of the slot writes them (sql/log.sql, outbox_log_read), which the
-        // bodies are built from.
-        let settings = [("DateStyle", "ISO"), ("TimeZone", slot.timezone.as_str())];
+        // Text in UTF-8 and timestamps as a read of the slot writes them (sql/log.sql,
+        // outbox_log_read), which the bodies are built from.
+        let settings = [("client_encoding", "UTF8"), ("DateStyle", "ISO"), ("TimeZone", slot.timezone.as_str())];
         let mut connection = ReplicationConnection::connect(url, "outbox relay log stream", &settings, Duration::from_secs(10))?;
         let options = [("proto_version", "1"), ("publication_names", slot.publication.as_str())];
         connection.start_logical(&slot.name, slot.from, &options)?;
         connection.set_read_timeout(RECEIVE_TIMEOUT)?;
         let (sender, received) = channel();
         // What the relay confirmed last, which the slot may not have heard yet.
-        let (confirm, stop) = (Arc::new(AtomicU64::new(slot.from)), Arc::new(AtomicBool::new(false)));
-        let (thread_confirm, thread_stop) = (confirm.clone(), stop.clone());
+        let shared = Arc::new(Shared { confirm: AtomicU64::new(slot.from), ..Shared::default() });
+        let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("outbox-log-stream".into())
-            .spawn(move || receive(connection, &sender, &signal, &thread_confirm, &thread_stop))?;
-        Ok(LogStream { fence, from: slot.from, received, pending: VecDeque::new(), idle_at: None, confirm, stop, thread: Some(thread) })
+            .spawn(move || receive(connection, &sender, &signal, &thread_shared))?;
+        Ok(LogStream { fence, from: slot.from, received, pending: VecDeque::new(), idle_at: None, shared, thread: Some(thread) })
     }
 
     fn read(&mut self, max_changes: usize, after: u64) -> Result<StreamRead, String> {
@@ -261,7 +274,7 @@ impl LogStream {
 
 impl Drop for LogStream {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.shared.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             // It looks at stop at least every RECEIVE_TIMEOUT; once it is gone, so is the
             // server's session holding the slot.
@@ -270,19 +283,30 @@ impl Drop for LogStream {
     }
 }
 
-/// The thread: receives until asked to stop or the stream ends, and sends the server the
-/// position confirmed whenever it moved, when asked, and every STATUS_EVERY.
-fn receive(mut connection: ReplicationConnection, sender: &Sender<Received>, bell: &StreamSignal, confirm: &AtomicU64, stop: &AtomicBool) {
+/// The thread: receives until asked to stop or the stream ends (pausing while the relay holds
+/// `HELD_AT_MOST` changes it has not confirmed), and sends the server a status whenever the
+/// position confirmed moved, when asked, and every STATUS_EVERY.
+fn receive(mut connection: ReplicationConnection, sender: &Sender<Received>, bell: &StreamSignal, shared: &Shared) {
     let mut transactions = Transactions::default();
+    let (mut received_to, mut idle_at) = (0, 0);
     let (mut sent, mut sent_at) = (0, Instant::now());
     let ended = loop {
-        if stop.load(Ordering::Relaxed) {
+        if shared.stop.load(Ordering::Relaxed) {
             return;
         }
         let mut reply = false;
-        match connection.next() {
+        let next = if shared.held.load(Ordering::Relaxed) >= HELD_AT_MOST {
+            // The server waits meanwhile, its socket full: the relay is that far behind.
+            std::thread::sleep(PAUSE);
+            Ok(None)
+        } else {
+            connection.next()
+        };
+        match next {
             Ok(Some(Streamed::Data(data))) => match transactions.push(data) {
                 Ok(Some(transaction)) => {
+                    received_to = received_to.max(transaction.end);
+                    shared.held.fetch_add(transaction.messages.len(), Ordering::Relaxed);
                     if sender.send(Received::Transaction(transaction)).is_err() {
                         return;
                     }
@@ -292,8 +316,12 @@ fn receive(mut connection: ReplicationConnection, sender: &Sender<Received>, bel
                 Err(e) => break e.to_string(),
             },
             Ok(Some(Streamed::Keepalive { wal_end, reply: asked })) => {
-                if !transactions.in_transaction() && sender.send(Received::Idle(wal_end)).is_err() {
-                    return;
+                received_to = received_to.max(wal_end);
+                if !transactions.in_transaction() {
+                    idle_at = wal_end;
+                    if sender.send(Received::Idle(wal_end)).is_err() {
+                        return;
+                    }
                 }
                 reply = asked;
             }
@@ -301,12 +329,17 @@ fn receive(mut connection: ReplicationConnection, sender: &Sender<Received>, bel
             Ok(None) => {}
             Err(e) => break format!("the log's stream: {e}"),
         }
-        let position = confirm.load(Ordering::Relaxed);
-        if position != sent || reply || sent_at.elapsed() >= STATUS_EVERY {
-            if let Err(e) = connection.confirm(position) {
+        // With every transaction handed over confirmed, nothing before the server's last idle
+        // position is left to deliver: the slot may go up to it (a server shutting down waits
+        // for its sender to be told so).
+        let confirmed = shared.confirm.load(Ordering::Relaxed);
+        let done = shared.held.load(Ordering::Relaxed) == 0 && !transactions.in_transaction();
+        let flushed = if done { confirmed.max(idle_at) } else { confirmed };
+        if flushed != sent || reply || sent_at.elapsed() >= STATUS_EVERY {
+            if let Err(e) = connection.confirm(received_to.max(flushed), flushed) {
                 break format!("the log's stream: {e}");
             }
-            (sent, sent_at) = (position, Instant::now());
+            (sent, sent_at) = (flushed, Instant::now());
         }
     };
     let _ = sender.send(Received::Ended(ended));

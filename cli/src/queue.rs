@@ -392,11 +392,17 @@ impl Queue for ClientQueue {
         })
     }
 
+    /// A stream under a lease no longer held ends here: it holds the slot, which the relay
+    /// that took the lease could neither stream nor read meanwhile.
     fn log_lease(&mut self, fence: i64, lease: Duration) -> Result<Option<LogLease>, QueueError> {
-        self.transaction(|client, statements| {
+        let leased = self.transaction(|client, statements| {
             let rows = client.query_typed(&statements.log_lease, &[(&fence, Type::INT8), (&millis(lease), Type::FLOAT8)])?;
             Ok(rows.first().map(|row| LogLease { fence: row.get(0), slot_ready: row.get::<_, String>(1) == "ready" }))
-        })
+        })?;
+        if !leased.as_ref().is_some_and(|leased| self.log_stream.streams(leased.fence)) {
+            self.log_stream.stop();
+        }
+        Ok(leased)
     }
 
     /// First in its transaction (a slot cannot be made in one that wrote), which is at READ
@@ -426,7 +432,12 @@ impl Queue for ClientQueue {
         };
         if !start.get::<_, bool>(0) {
             // Back in table mode: read from the slot, whose confirmation drops it once the log
-            // is delivered.
+            // is delivered; not before the reads on their way are confirmed through the stream,
+            // since the slot would hand them out again.
+            if after != 0 {
+                let (oldest, began_at, endpoints_version) = (start.get(4), start.get(5), start.get(6));
+                return Ok(Some(LogRows { messages: Vec::new(), oldest, began_at, flushed_at: 0, endpoints_version }));
+            }
             self.log_stream.stop();
             return self.log_read_slot(fence, max_changes);
         }
@@ -485,8 +496,11 @@ impl Queue for ClientQueue {
             let arguments: [(&(dyn ToSql + Sync), Type); 3] = [(&fence, Type::INT8), (&position, Type::INT8), (&oldest, Type::INT8)];
             Ok(client.query_typed_one(statement, &arguments)?.get(0))
         })?;
-        if streamed && confirmed {
-            self.log_stream.confirmed(end);
+        match confirmed {
+            true if streamed => self.log_stream.confirmed(end),
+            // Another relay holds the lease: this one's stream must not hold the slot.
+            false => self.log_stream.stop(),
+            true => {}
         }
         Ok(confirmed)
     }

@@ -74,7 +74,10 @@ impl ReplicationConnection {
             Some(Host::Unix(directory)) => Socket::Unix(UnixStream::connect(directory.join(format!(".s.PGSQL.{port}")))?),
             Some(Host::Tcp(host)) => {
                 let tcp = connect_tcp(host, port, timeout)?;
-                if config.get_ssl_mode() == SslMode::Disable {
+                // A server that accepts the connection and says nothing holds no one up for long.
+                tcp.set_read_timeout(Some(timeout))?;
+                tcp.set_write_timeout(Some(timeout))?;
+                if tls.mode == SslMode::Disable {
                     Socket::Tcp(tcp)
                 } else {
                     start_tls(tcp, host, &tls)?
@@ -148,12 +151,13 @@ impl ReplicationConnection {
         self.socket.set_read_timeout(Some(timeout))
     }
 
-    /// Tells the server that everything before `position` is done with: the slot lets go of it.
-    pub fn confirm(&mut self, position: u64) -> Result<(), ReplicationError> {
+    /// Tells the server what was received (`written`) and what is done with (`flushed`): the
+    /// slot lets go of everything before it.
+    pub fn confirm(&mut self, written: u64, flushed: u64) -> Result<(), ReplicationError> {
         // Microseconds since 2000-01-01, PostgreSQL's epoch.
         let since_2000 = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as i64 - 946_684_800_000_000;
         let mut status = vec![b'r'];
-        for _ in 0..3 {
+        for position in [written, flushed, flushed] {
             status.extend(position.to_be_bytes());
         }
         status.extend(since_2000.to_be_bytes());

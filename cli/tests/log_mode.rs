@@ -17,7 +17,8 @@ fn count(db: &mut postgres::Client, sql: &str) -> i64 {
 fn the_relay_delivers_from_the_slot_and_after_a_dropped_slot_delivers_what_it_held_and_drops_it_in_table_mode() {
     let mut db = fresh_database("outbox_t_log");
     // What rds_replication gives on Amazon RDS: the owner's functions make and read the slot.
-    db.batch_execute("ALTER ROLE outbox_owner REPLICATION").unwrap();
+    // The relay's own role may not open a replication connection.
+    db.batch_execute("ALTER ROLE outbox_owner REPLICATION; ALTER ROLE outbox_relay NOREPLICATION").unwrap();
     migrate("outbox_t_log", &[]);
     let receiver = Receiver::start();
     let mut owner = connect("outbox_owner", "outbox_t_log");
@@ -89,18 +90,15 @@ fn the_relay_delivers_from_the_slot_and_after_a_dropped_slot_delivers_what_it_he
     assert!(said.contains("cannot stream the log's slot") && said.contains("replication"), "{said}");
 }
 
-/// The relay's stream holds the slot: the server session the slot is active for is the
-/// relay's replication connection.
-const STREAMED: &str = "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot
-                         JOIN pg_stat_activity AS a ON a.pid = r.active_pid WHERE a.application_name = 'outbox relay log stream'";
-
-#[test]
-fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or_a_dropped_slot_loses_nothing() {
-    let mut db = fresh_database("outbox_t_log_stream");
-    db.batch_execute("ALTER ROLE outbox_owner REPLICATION; ALTER ROLE outbox_relay REPLICATION").unwrap();
-    migrate("outbox_t_log_stream", &[]);
+/// A database in log mode as `outbox_owner` sets it up, with a receiver as its default
+/// endpoint; `outbox_relay` may stream (the REPLICATION attribute).
+fn streamed_log_database(name: &str) -> (postgres::Client, postgres::Client, Receiver) {
+    let db = fresh_database(name);
+    let mut admin = connect("postgres", "postgres");
+    admin.batch_execute("ALTER ROLE outbox_owner REPLICATION; ALTER ROLE outbox_relay REPLICATION").unwrap();
+    migrate(name, &[]);
     let receiver = Receiver::start();
-    let mut owner = connect("outbox_owner", "outbox_t_log_stream");
+    let mut owner = connect("outbox_owner", name);
     owner
         .batch_execute(&format!(
             "SELECT outbox.outbox_endpoint_set('default', '{}');
@@ -110,6 +108,17 @@ fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or
             receiver.url
         ))
         .unwrap();
+    (db, owner, receiver)
+}
+
+/// The relay's stream holds the slot: the server session the slot is active for is the
+/// relay's replication connection.
+const STREAMED: &str = "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot
+                         JOIN pg_stat_activity AS a ON a.pid = r.active_pid WHERE a.application_name = 'outbox relay log stream'";
+
+#[test]
+fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or_a_dropped_slot_loses_nothing() {
+    let (mut db, mut owner, receiver) = streamed_log_database("outbox_t_log_stream");
     let relay_url = url("outbox_relay", "outbox_t_log_stream");
     // No listener and a poll of a minute: what the stream hands over wakes the relay.
     let mut relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "60s"]);
@@ -118,10 +127,18 @@ fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or
     app.batch_execute(
         "BEGIN; SELECT outbox.outbox_enqueue('order.placed', jsonb_build_object('n', n)) FROM generate_series(1, 50) AS n; COMMIT;
          BEGIN; SELECT outbox.outbox_enqueue('order.placed', '{\"rolled\": \"back\"}'); ROLLBACK;
-         BEGIN; SELECT outbox.outbox_enqueue('order.placed', jsonb_build_object('n', n)) FROM generate_series(51, 100) AS n; COMMIT;",
+         BEGIN; SELECT outbox.outbox_enqueue('order.placé', jsonb_build_object('n', n, 'café', 'crème')) FROM generate_series(51, 100) AS n; COMMIT;",
     )
     .unwrap();
     relay.wait_until("the hundred events are delivered", Duration::from_secs(10), || receiver.count() == 100);
+    let accented = receiver
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, body)| body.contains(r#""type" : "order.placé""#) && body.contains(r#""café": "crème""#))
+        .count();
+    assert_eq!(accented, 50, "a body built by the relay carries text that is not ASCII as a claim's does");
     assert_eq!(count(&mut db, "SELECT count(*) FROM outbox.outbox_deliveries") + count(&mut db, "SELECT count(*) FROM outbox.outbox"), 0);
     // The stream confirms what was delivered: the slot lets go of it.
     let confirmed = "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot
@@ -166,4 +183,23 @@ fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or
     let (status, said) = relay.stop();
     assert_eq!(status, 0, "{said}");
     assert!(said.contains("made the log's slot") && !said.contains("cannot stream"), "{said}");
+}
+
+#[test]
+fn a_relay_whose_lease_was_taken_ends_its_stream_so_that_the_next_reader_may_have_the_slot() {
+    let (mut db, _owner, receiver) = streamed_log_database("outbox_t_log_lease");
+    let relay_url = url("outbox_relay", "outbox_t_log_lease");
+    let mut relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "1s", "--lease", "2s"]);
+    relay.wait_until("the relay streams the slot", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
+    // Another reader takes the lease (as a relay does once this one's ran out, had it hung).
+    db.batch_execute("UPDATE outbox.outbox_log_state SET reader_fence = reader_fence + 1, reader_until = now() + interval '1 hour'")
+        .unwrap();
+    let active = "SELECT count(*) FROM pg_replication_slots AS r JOIN outbox.outbox_log_state AS s ON r.slot_name = s.slot WHERE r.active";
+    relay.wait_until("the relay lets go of the slot", Duration::from_secs(10), || count(&mut db, active) == 0);
+    // The lease back, it streams again and delivers.
+    db.batch_execute("UPDATE outbox.outbox_log_state SET reader_until = NULL").unwrap();
+    connect("app", "outbox_t_log_lease").batch_execute("SELECT outbox.outbox_enqueue('order.placed', '{}')").unwrap();
+    relay.wait_until("the event is delivered", Duration::from_secs(10), || receiver.count() == 1);
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
 }
