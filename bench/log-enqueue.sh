@@ -51,6 +51,17 @@ SQL
 cat > "$DIR/partition.sql" <<SQL
 INSERT INTO outbox.outbox_log (id, topic, payload) VALUES (nextval('outbox.outbox_id_seq'), 'order.placed', '$PAYLOAD');
 SQL
+# The least a function that enqueues can do: PL/pgSQL, that one INSERT with its plan kept, no
+# checks, no mode: the ceiling of outbox_enqueue in log mode.
+psql_cluster -tAq -c "CREATE FUNCTION public.insert_logged(topic text, payload jsonb) RETURNS bigint LANGUAGE plpgsql AS \$\$
+  DECLARE id bigint;
+  BEGIN
+    INSERT INTO outbox.outbox_log (id, topic, payload) VALUES (nextval('outbox.outbox_id_seq'), topic, payload) RETURNING outbox_log.id INTO id;
+    RETURN id;
+  END \$\$" >/dev/null
+cat > "$DIR/function.sql" <<SQL
+SELECT public.insert_logged('order.placed', '$PAYLOAD');
+SQL
 for design in enqueue_log ext_enqueue ext_enqueue_log; do cp "$DIR/enqueue.sql" "$DIR/$design.sql"; done
 # A logical message carries the event whole; transactional, so a rollback writes nothing a
 # decoder ever returns. With its id from the outbox's sequence, and without (the message's LSN
@@ -61,9 +72,11 @@ SQL
 cat > "$DIR/message_lsn.sql" <<SQL
 SELECT pg_logical_emit_message(true, 'outbox', json_build_object('topic', 'order.placed', 'payload', '$PAYLOAD'::jsonb)::text);
 SQL
-DESIGNS=(insert enqueue enqueue_log ext_enqueue ext_enqueue_log partition message message_lsn)
+DESIGNS=(insert enqueue enqueue_log ext_enqueue ext_enqueue_log partition function message message_lsn)
 
 empty_tables() {
+  # Its own variable: measure's is the database it is about to run in.
+  local database
   for database in "${DATABASES[@]}"; do
     psql_cluster -d "$database" -tAq -c "TRUNCATE outbox.outbox, outbox.outbox_deliveries, outbox.outbox_attempts, outbox.outbox_log" >/dev/null
   done
@@ -124,6 +137,7 @@ insert_off=$(median5 ${runs[insert-off]}) insert_on=$(median5 ${runs[insert-on]}
   row "\`outbox_enqueue\`, table mode, one endpoint (extension)" ext_enqueue
   row "\`outbox_enqueue\`, log mode (extension)" ext_enqueue_log
   row "the append-only row alone: INSERT into \`outbox_log\`, id from the sequence" partition
+  row "that INSERT alone in a PL/pgSQL function (no checks, no mode)" function
   row "logical message with the event, id from the sequence" message
   row "logical message with the event, its LSN as the id" message_lsn
   echo

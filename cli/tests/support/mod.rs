@@ -179,6 +179,15 @@ impl Receiver {
         Receiver { url, received }
     }
 
+    /// The events received at least once: after a lost slot, events it held that were already
+    /// delivered may come again (consumers deduplicate by webhook-id).
+    pub fn distinct(&self) -> usize {
+        let mut ids: Vec<String> = self.received.lock().unwrap().iter().map(|(id, _)| id.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        ids.len()
+    }
+
     pub fn count(&self) -> usize {
         self.received.lock().unwrap().len()
     }
