@@ -15,22 +15,8 @@ fn count(db: &mut postgres::Client, sql: &str) -> i64 {
 
 #[test]
 fn the_relay_delivers_from_the_slot_and_after_a_dropped_slot_delivers_what_it_held_and_drops_it_in_table_mode() {
-    let mut db = fresh_database("outbox_t_log");
-    // What rds_replication gives on Amazon RDS: the owner's functions make and read the slot.
     // The relay's own role may not open a replication connection.
-    db.batch_execute("ALTER ROLE outbox_owner REPLICATION; ALTER ROLE outbox_relay NOREPLICATION").unwrap();
-    migrate("outbox_t_log", &[]);
-    let receiver = Receiver::start();
-    let mut owner = connect("outbox_owner", "outbox_t_log");
-    owner
-        .batch_execute(&format!(
-            "SELECT outbox.outbox_endpoint_set('default', '{}');
-             SELECT outbox.outbox_set_mode('log');
-             GRANT USAGE ON SCHEMA outbox TO app;
-             GRANT EXECUTE ON FUNCTION outbox.outbox_enqueue(text, jsonb, text, timestamptz) TO app;",
-            receiver.url
-        ))
-        .unwrap();
+    let (mut db, mut owner, receiver) = log_mode_database("outbox_t_log", false);
     let relay_url = url("outbox_relay", "outbox_t_log");
     let arguments = ["--database-url", relay_url.as_str(), "--listen-url", relay_url.as_str(), "--poll-interval", "1s"];
     let relay = Relay::start(&arguments);
@@ -85,11 +71,13 @@ fn the_relay_delivers_from_the_slot_and_after_a_dropped_slot_delivers_what_it_he
 }
 
 /// A database in log mode as `outbox_owner` sets it up, with a receiver as its default
-/// endpoint; `outbox_relay` may stream (the REPLICATION attribute).
-fn streamed_log_database(name: &str) -> (postgres::Client, postgres::Client, Receiver) {
+/// endpoint. The owner has the REPLICATION attribute, as rds_replication gives it on Amazon
+/// RDS (its functions make and read the slot); `outbox_relay` has it if `relay_streams`.
+fn log_mode_database(name: &str, relay_streams: bool) -> (postgres::Client, postgres::Client, Receiver) {
     let db = fresh_database(name);
     let mut admin = connect("postgres", "postgres");
-    admin.batch_execute("ALTER ROLE outbox_owner REPLICATION; ALTER ROLE outbox_relay REPLICATION").unwrap();
+    let relay = if relay_streams { "REPLICATION" } else { "NOREPLICATION" };
+    admin.batch_execute(&format!("ALTER ROLE outbox_owner REPLICATION; ALTER ROLE outbox_relay {relay}")).unwrap();
     migrate(name, &[]);
     let receiver = Receiver::start();
     let mut owner = connect("outbox_owner", name);
@@ -112,7 +100,7 @@ const STREAMED: &str = "SELECT count(*) FROM pg_replication_slots AS r JOIN outb
 
 #[test]
 fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or_a_dropped_slot_loses_nothing() {
-    let (mut db, mut owner, receiver) = streamed_log_database("outbox_t_log_stream");
+    let (mut db, mut owner, receiver) = log_mode_database("outbox_t_log_stream", true);
     let relay_url = url("outbox_relay", "outbox_t_log_stream");
     // No listener and a poll of a minute: what the stream hands over wakes the relay.
     let mut relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "60s"]);
@@ -177,7 +165,7 @@ fn with_the_replication_attribute_the_relay_streams_the_slot_and_a_cut_stream_or
 
 #[test]
 fn a_relay_whose_lease_was_taken_ends_its_stream_so_that_the_next_reader_may_have_the_slot() {
-    let (mut db, _owner, receiver) = streamed_log_database("outbox_t_log_lease");
+    let (mut db, _owner, receiver) = log_mode_database("outbox_t_log_lease", true);
     let relay_url = url("outbox_relay", "outbox_t_log_lease");
     let mut relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "1s", "--lease", "2s"]);
     relay.wait_until("the relay streams the slot", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);

@@ -86,7 +86,7 @@ fn event(relation: &Relation, mut values: Vec<Option<String>>) -> Result<LogEven
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn string(data: &mut Vec<u8>, text: &str) {
@@ -135,7 +135,8 @@ mod tests {
         data
     }
 
-    fn commit(end: u64) -> Vec<u8> {
+    /// A pgoutput commit ending at `end`.
+    pub(crate) fn commit(end: u64) -> Vec<u8> {
         let mut data = vec![b'C', 0];
         data.extend(0u64.to_be_bytes());
         data.extend(end.to_be_bytes());

@@ -68,6 +68,7 @@ impl Transactions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::tests::commit;
 
     fn relation(id: u32) -> Vec<u8> {
         let mut data = vec![b'R'];
@@ -80,14 +81,6 @@ mod tests {
         let mut data = vec![b'I'];
         data.extend(id.to_be_bytes());
         data.extend(b"N\0\0");
-        data
-    }
-
-    fn commit(end: u64) -> Vec<u8> {
-        let mut data = vec![b'C', 0];
-        data.extend(0u64.to_be_bytes());
-        data.extend(end.to_be_bytes());
-        data.extend(0u64.to_be_bytes());
         data
     }
 
