@@ -22,7 +22,7 @@ fn lease(db: &mut Db) -> Option<(i64, String)> {
 fn read(db: &mut Db, fence: i64) -> (LogRead, i64) {
     let rows = db.client.query("SELECT data, xmin FROM outbox_log_read($1, 10000)", &[&fence]).expect("read");
     let messages: Vec<Vec<u8>> = rows.iter().filter_map(|row| row.get(0)).collect();
-    let oldest = rows.first().map_or(0, |row| row.get(1));
+    let oldest = rows.last().map_or(0, |row| row.get(1));
     (read_events(messages.iter().map(Vec::as_slice)).expect("pgoutput messages of outbox_log"), oldest)
 }
 
@@ -350,6 +350,17 @@ fn the_workers_deliver_from_the_slot_signed_once_each_and_record_nothing_for_an_
     // (The endpoint default, which takes every topic and has no URL here, keeps its copies in
     // the table path, where they wait as in table mode.)
     assert_eq!(db.count_to("log-fast", "true"), 0, "an acknowledged delivery read from the log writes no row");
+    // The routes of fast.made are kept now: a new subscriber and a rotated secret still count
+    // from the next read on.
+    let also = Receiver::start(Reply::Status(204));
+    db.execute(&format!("SELECT outbox_endpoint_set('log-also', '{}', '{{fast.*}}')", also.url));
+    let rotated: String = db.value("SELECT outbox_endpoint_rotate_secret('log-fast')");
+    let next = db.enqueue("fast.made", "{}");
+    db.wait_for("the next event reaches both endpoints", Duration::from_secs(30), |_| {
+        !receiver.deliveries_of(next).is_empty() && !also.deliveries_of(next).is_empty()
+    });
+    assert!(receiver.deliveries_of(next)[0].verified_by_standardwebhooks(&rotated), "signed with the new secret");
+    db.execute("SELECT outbox_endpoint_drop('log-also')");
     // Other tables' writes (some megabytes of WAL): the relay confirms past them too, so the
     // slot keeps no WAL for them.
     db.execute("CREATE TABLE log_other (n int); INSERT INTO log_other SELECT generate_series(1, 100000); DROP TABLE log_other");

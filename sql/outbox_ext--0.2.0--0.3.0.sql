@@ -1550,12 +1550,14 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_defer(bigint[], text[], text[], te
 -- committed later are the new slot's alone. Returns how many deliveries it made. Copied at
 -- most 10,000 deliveries or 64 MB of payloads at a time (each counts as at least 6,711 bytes):
 -- one array of every payload held since the slot was lost could pass the 1 GB a value may
--- take.
+-- take. created_at goes through text, in ISO style whatever the session's (another style may
+-- write a zone's abbreviation, which reads back ambiguously).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_recover(fence bigint)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET datestyle = 'ISO'
 AS $$
 DECLARE
     recover xid8;
@@ -1698,14 +1700,14 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_make_slot(bigint) FROM PUBLIC;
 
 -- Up to about max_changes changes from the slot, from its confirmed position on, without
 -- consuming them (outbox_log_confirm does, once they are delivered): pgoutput messages (begin,
--- relation, insert, commit) of whole transactions, each with its position. The first row has
+-- relation, insert, commit) of whole transactions, each with its position. The last row has
 -- no message: its xmin and began_at are the oldest transaction running when this read began
 -- and the WAL position written then (as numbers), which outbox_log_confirm takes as oldest for
 -- a position at or past it; flushed_at is the WAL position flushed then, which the read
 -- decodes at least up to, and where a read that found nothing confirms (an asynchronous
 -- commit written before began_at may not be flushed yet). endpoints_version is the endpoints'
--- version as the read began: the relay reads the endpoints again first if it differs, as
--- before a claim. Timestamps come in ISO style, which the relay's bodies are built from
+-- version once the changes are read (an endpoint subscribed before an event read committed is
+-- in it): the relay reads the endpoints again first if it differs, as before a claim. Timestamps come in ISO style, which the relay's bodies are built from
 -- (core/src/log/routes.rs). Only the relay that holds the lease,
 -- and has not let it run out, reads; any other gets no rows, and so does every relay while a
 -- slot made again is not yet recovered (its first confirmation would move recover_from past
@@ -1718,7 +1720,6 @@ SET search_path = pg_catalog, pg_temp
 SET datestyle = 'ISO'
 AS $$
 DECLARE
-    version bigint := coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0);
     state @extschema@.outbox_log_state;
     oldest bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
     position bigint := (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint;
@@ -1734,11 +1735,12 @@ BEGIN
     IF state.confirmed_lsn > (SELECT r.confirmed_flush_lsn FROM pg_replication_slots AS r WHERE r.slot_name = state.slot) THEN
         PERFORM pg_replication_slot_advance(state.slot, state.confirmed_lsn);
     END IF;
-    RETURN QUERY SELECT NULL::bigint, NULL::bytea, oldest, position, flushed, version;
     RETURN QUERY
-    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, oldest, position, flushed, version
+    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint
       FROM pg_logical_slot_peek_binary_changes(state.slot, NULL, max_changes,
                                                'proto_version', '1', 'publication_names', state.publication) AS c;
+    RETURN QUERY SELECT NULL::bigint, NULL::bytea, oldest, position, flushed,
+                        coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0);
 END
 $$;
 
@@ -1749,7 +1751,8 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_read(bigint, integer) FROM PUBLIC;
 -- outbox_log_read's first row has them; the slot and publication to stream, from the position
 -- confirmed last (as a number; the slot's own may lag, its stream having ended before it sent
 -- it); and whether log mode is on (off, the relay reads with outbox_log_read, whose
--- confirmation can drop the slot); the endpoints' version, as outbox_log_read gives it; and the
+-- confirmation can drop the slot); the endpoints' version, as outbox_log_read gives it (the
+-- relay takes what its stream received before it asks); and the
 -- session's time zone, in which the stream writes timestamps as a read here does. No rows for
 -- a relay that does not hold the lease, or while a slot made again is not yet recovered.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read_start(fence bigint)

@@ -100,6 +100,8 @@ struct LogStream {
     pending: VecDeque<Transaction>,
     /// The server's last position with no transaction open, if none was handed over since.
     idle_at: Option<u64>,
+    /// Why the stream ended, once the thread said so.
+    ended: Option<String>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -206,6 +208,15 @@ impl StreamedLog {
         self.signal.retry_at(self.retry_at);
     }
 
+    /// Takes what the stream handed over so far: a read then reads it, once the endpoints'
+    /// version is looked at (every event it holds committed before that look, so an endpoint
+    /// subscribed before the event is in that version).
+    pub fn receive(&mut self) {
+        if let Some(stream) = self.stream.as_mut() {
+            stream.receive();
+        }
+    }
+
     /// Whether the stream under `fence` is what the relay reads.
     pub fn streams(&self, fence: i64) -> bool {
         self.stream.as_ref().is_some_and(|stream| stream.fence == fence)
@@ -243,21 +254,38 @@ impl LogStream {
         let thread = std::thread::Builder::new()
             .name("outbox-log-stream".into())
             .spawn(move || receive(connection, &sender, &signal, &thread_shared))?;
-        Ok(LogStream { fence, from: slot.from, received, pending: VecDeque::new(), idle_at: None, shared, thread: Some(thread) })
+        Ok(LogStream {
+            fence,
+            from: slot.from,
+            received,
+            pending: VecDeque::new(),
+            idle_at: None,
+            ended: None,
+            shared,
+            thread: Some(thread),
+        })
     }
 
-    fn read(&mut self, max_changes: usize, after: u64) -> Result<StreamRead, String> {
-        loop {
+    /// Takes what the thread handed over since the last call.
+    fn receive(&mut self) {
+        while self.ended.is_none() {
             match self.received.try_recv() {
                 Ok(Received::Transaction(transaction)) => {
                     self.pending.push_back(transaction);
                     self.idle_at = None;
                 }
                 Ok(Received::Idle(position)) => self.idle_at = Some(position).filter(|&position| position >= self.from),
-                Ok(Received::Ended(reason)) => return Err(reason),
+                Ok(Received::Ended(reason)) => self.ended = Some(reason),
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return Err("the log's stream ended".into()),
+                Err(TryRecvError::Disconnected) => self.ended = Some("the log's stream ended".into()),
             }
+        }
+    }
+
+    /// What was received by the last `receive`, not what came since.
+    fn read(&mut self, max_changes: usize, after: u64) -> Result<StreamRead, String> {
+        if let Some(reason) = &self.ended {
+            return Err(reason.clone());
         }
         let mut messages = Vec::new();
         for transaction in self.pending.iter().filter(|transaction| transaction.end > after) {

@@ -176,13 +176,13 @@ impl ClientQueue {
     fn log_read_slot(&mut self, fence: i64, max_changes: i32) -> Result<Option<LogRows>, QueueError> {
         let statement = self.statements.log_read.clone();
         let rows = self.autocommit(&statement, &[(&fence, Type::INT8), (&max_changes, Type::INT4)])?;
-        // The first row, with no message, says where the read began; none: not the reader.
-        Ok(rows.first().map(|first| LogRows {
+        // The last row, with no message, says where the read began; none: not the reader.
+        Ok(rows.last().map(|last| LogRows {
             messages: rows.iter().filter_map(|row| row.get(0)).collect(),
-            oldest: first.get(1),
-            began_at: first.get(2),
-            flushed_at: first.get(3),
-            endpoints_version: first.get(4),
+            oldest: last.get(1),
+            began_at: last.get(2),
+            flushed_at: last.get(3),
+            endpoints_version: last.get(4),
         }))
     }
 
@@ -424,6 +424,7 @@ impl Queue for ClientQueue {
         if !self.log_stream.may_stream(fence) {
             return self.log_read_slot(fence, max_changes);
         }
+        self.log_stream.receive();
         let statement = self.statements.log_read_start.clone();
         let rows = self.autocommit(&statement, &[(&fence, Type::INT8)])?;
         let Some(start) = rows.first() else {

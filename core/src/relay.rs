@@ -420,6 +420,11 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         // committed).
         if rows.endpoints_version != self.endpoints.version {
             self.read_endpoints()?;
+            if self.endpoints.version < rows.endpoints_version {
+                // They could not be read (said there): routed by the old ones, an endpoint
+                // subscribed since would miss these events. Read again at the poll.
+                return Ok(());
+            }
         }
         let topics = self.log.routes.missing(&read.events, self.endpoints.version);
         if !topics.is_empty() {

@@ -418,20 +418,20 @@ impl Queue for Queries {
         let read = transaction::run(|| {
             Spi::connect(|client| {
                 decode_quietly();
-                let mut read: Option<LogRows> = None;
+                let mut messages = Vec::new();
                 for row in client.select(self.log.read.as_str(), None, &[fence.into(), max_changes.into()])? {
-                    match (row.get::<Vec<u8>>(1)?, read.as_mut()) {
-                        (Some(message), Some(read)) => read.messages.push(message),
-                        // The first row, with no message, says where the read began; none: not
+                    match row.get::<Vec<u8>>(1)? {
+                        Some(message) => messages.push(message),
+                        // The last row, with no message, says where the read began; none: not
                         // the reader.
-                        _ => {
+                        None => {
                             let (oldest, began_at, flushed_at, endpoints_version) =
                                 (row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0), row.get(4)?.unwrap_or(0), row.get(5)?.unwrap_or(0));
-                            read = Some(LogRows { messages: Vec::new(), oldest, began_at, flushed_at, endpoints_version });
+                            return Ok(Some(LogRows { messages, oldest, began_at, flushed_at, endpoints_version }));
                         }
                     }
                 }
-                Ok(read)
+                Ok(None)
             })
         });
         read.map_err(|e| self.failure(e))

@@ -27,6 +27,17 @@ pub fn is_log_fence(fence: i32) -> bool {
     fence <= 0
 }
 
+/// Whether `fence` is the token of a read after the one that had `than` (0: none yet), the
+/// tokens going down and wrapping as `next_log_fence` has them: reads on their way at once are
+/// a few apart, never half the range.
+pub fn is_later_read(fence: i32, than: i32) -> bool {
+    if than == 0 {
+        return fence != 0;
+    }
+    let apart = (i64::from(than) - i64::from(fence)).rem_euclid(i64::from(i32::MAX));
+    apart > 0 && apart < i64::from(i32::MAX) / 2
+}
+
 /// A row of `outbox_log_route`: event `event` (from 1, in the read's order) goes to
 /// `endpoint`, sent now with `body`, or (no body) copied into the table path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,19 +150,20 @@ impl LogBatch {
 
     /// An attempt finished: one of this batch's counts (a failure is copied into the table
     /// path with its error, due after `retry_in`); one of an earlier read does not. After a
-    /// failure, the endpoint's deliveries still waiting for room are copied too, due then:
-    /// an endpoint that times out would otherwise hold the read back one timeout per round of
-    /// its request slots.
+    /// failure of any read's, the endpoint's deliveries still waiting for room are copied too,
+    /// due then: an endpoint that times out would otherwise hold each read on its way back one
+    /// timeout per round of its request slots.
     pub fn finished(&mut self, attempt: &Attempt, retry_in: Duration) {
-        if attempt.fence != self.fence {
-            return;
+        if attempt.fence == self.fence {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            if attempt.outcome != Outcome::Delivered {
+                if let Some(event) = self.places.get(&attempt.id).map(|&place| &self.events[place]) {
+                    self.deferrals.push(event, &attempt.endpoint, attempt.attempts, attempt.outcome.last_error(), retry_in);
+                }
+            }
         }
-        self.in_flight = self.in_flight.saturating_sub(1);
         if attempt.outcome == Outcome::Delivered {
             return;
-        }
-        if let Some(event) = self.places.get(&attempt.id).map(|&place| &self.events[place]) {
-            self.deferrals.push(event, &attempt.endpoint, attempt.attempts, attempt.outcome.last_error(), retry_in);
         }
         for waiting in self.to_start.remove(&*attempt.endpoint).into_iter().flatten() {
             if let Some(&place) = self.places.get(&waiting.id) {
@@ -295,6 +307,36 @@ mod tests {
         let fast = started.iter().find(|e| e.id == 4).unwrap();
         batch.finished(&attempt(fast, Outcome::Delivered), Duration::ZERO);
         assert!(batch.is_done());
+    }
+
+    #[test]
+    fn a_failure_of_one_read_copies_what_waits_for_the_same_endpoint_in_another() {
+        let routes = vec![route(1, "slow", Some("b")), route(2, "slow", Some("b"))];
+        let mut later =
+            LogBatch::new((1..=2).map(event).collect(), 9, next_log_fence(next_log_fence(0)), routes, |name| Some(Arc::from(name)));
+        later.start(Start::NoRoom);
+        let earlier_failure = Attempt {
+            endpoint: Arc::from("slow"),
+            id: 7,
+            attempts: 1,
+            fence: next_log_fence(0),
+            outcome: Outcome::TimedOut,
+            took: Duration::ZERO,
+        };
+        later.finished(&earlier_failure, Duration::from_secs(5));
+        assert_eq!(later.deferrals.ids, [1, 2], "what waited for slow, not the earlier read's event");
+        assert!(later.is_done());
+    }
+
+    #[test]
+    fn later_reads_are_told_from_earlier_ones_across_the_wrap() {
+        let first = next_log_fence(0);
+        assert!(is_later_read(first, 0));
+        assert!(is_later_read(next_log_fence(first), first));
+        assert!(!is_later_read(first, next_log_fence(first)), "a late failure of an earlier read");
+        assert!(!is_later_read(first, first));
+        assert!(is_later_read(next_log_fence(-i32::MAX), -i32::MAX), "after the wrap");
+        assert!(!is_later_read(-i32::MAX, next_log_fence(-i32::MAX)));
     }
 
     #[test]

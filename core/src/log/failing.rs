@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::batch::is_later_read;
 use crate::delivery::{retry_delay, Attempt, Outcome};
 
 #[derive(Debug, Default)]
@@ -30,9 +31,10 @@ impl FailingEndpoints {
             self.endpoints.remove(&attempt.endpoint);
             return;
         }
-        // Log fences are negative (next_log_fence): 0 is no read's.
+        // Log fences are negative (next_log_fence): 0 is no read's. With reads on their way at
+        // once, failures of two reads interleave: only a later read's counts again.
         let failing = self.endpoints.entry(attempt.endpoint.clone()).or_insert(Failing { reads: 0, last_read: 0, until: now });
-        if failing.last_read != attempt.fence {
+        if is_later_read(attempt.fence, failing.last_read) {
             failing.reads = failing.reads.saturating_add(1);
             failing.last_read = attempt.fence;
             failing.until = now + retry_delay(failing.reads, attempt.outcome.retry_after(), jitter);

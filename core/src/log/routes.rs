@@ -10,6 +10,10 @@ use std::collections::HashMap;
 use super::batch::Route;
 use super::LogEvent;
 
+/// Topics whose routes are kept at most: a topic per entity would otherwise grow the cache
+/// until the endpoints change.
+const TOPICS_KEPT: usize = 10_000;
+
 /// A row of `outbox_log_route`: `topic` goes to `endpoint`, which the relay may send to now
 /// (`sendable`: an enabled webhook endpoint) and which keeps its keys' order (`ordered`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,9 +33,9 @@ pub struct RouteCache {
 
 impl RouteCache {
     /// The topics of `events` not yet routed under endpoints `version` (the routes of another
-    /// version are forgotten first), each once.
+    /// version are forgotten first, and all of them past `TOPICS_KEPT`), each once.
     pub fn missing(&mut self, events: &[LogEvent], version: i64) -> Vec<String> {
-        if version != self.version {
+        if version != self.version || self.by_topic.len() > TOPICS_KEPT {
             self.by_topic.clear();
             self.version = version;
         }
