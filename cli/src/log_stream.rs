@@ -152,10 +152,10 @@ impl StreamedLog {
         self.stream.as_ref().is_some_and(|stream| stream.fence == fence) || Instant::now() >= self.retry_at
     }
 
-    /// Reads the stream of `slot` under `fence`, started first if it is not; `None` if it cannot
-    /// be started now (the reason is said), and an error when it ended (it is started again at
-    /// the next read).
-    /// Only transactions that end past `after` (where the reads on their way end).
+    /// Reads the transactions received from the stream of `slot` under `fence` that end past
+    /// `after` (where the reads on their way end), the stream started first if it is not;
+    /// `None` if it cannot be started now (the reason is said), and an error when it ended (it
+    /// is tried again after a while).
     pub fn read(
         &mut self,
         fence: i64,
