@@ -57,16 +57,14 @@ impl StreamSignal {
         self.retry_at.lock().expect("not poisoned").map(|at| at.saturating_duration_since(Instant::now()))
     }
 
-    /// Whether the bell rang or a retry came due since the last call; clears both.
-    pub fn take(&self) -> bool {
+    /// Whether the bell rang (`rang`: the wait found `fd` ready) or a retry came due since the
+    /// last call; clears both.
+    pub fn take(&self, rang: bool) -> bool {
         let mut retry_at = self.retry_at.lock().expect("not poisoned");
         let due = retry_at.is_some_and(|at| Instant::now() >= at);
         if due {
             *retry_at = None;
         }
-        let mut poll = libc::pollfd { fd: self.bell.fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd on the stack, no wait.
-        let rang = unsafe { libc::poll(&mut poll, 1, 0) } == 1;
         if rang {
             self.bell.clear();
         }

@@ -100,7 +100,7 @@ impl Wake for ProcessWake {
         if let Some(bell) = self.commits.as_ref().filter(|_| committed) {
             bell.clear();
         }
-        Commits { table: committed, log: committed || self.log_streamed.take() }
+        Commits { table: committed, log: committed || self.log_streamed.take(fds[3].revents != 0) }
     }
 
     fn asked(&mut self) -> Asked {
