@@ -3,9 +3,13 @@
 //! address (decimal, hex, shortened, IPv4-mapped IPv6) and no DNS answer gets around it, and
 //! nothing is sent, not even a SYN, to an address outside it.
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use hyper_util::client::legacy::connect::dns::Name;
 use ipnet::IpNet;
 
 /// What `last_error` says of every refused destination, whatever its port or whether anything
@@ -117,13 +121,24 @@ fn protected(ip: IpAddr) -> Option<IpNet> {
 /// Resolves host names for one port (0: any port no block names) and keeps only the addresses
 /// the relay may connect to; a name with none of them fails with `DestinationRefused`. (A URL
 /// whose host is an address never reaches a resolver: the sender checks it itself.)
+#[derive(Clone)]
 pub struct AllowedResolver {
     pub destinations: Arc<Destinations>,
     pub port: u16,
 }
 
-impl reqwest::dns::Resolve for AllowedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+type Resolving = Pin<Box<dyn Future<Output = Result<std::vec::IntoIter<SocketAddr>, Box<dyn std::error::Error + Send + Sync>>> + Send>>;
+
+impl tower_service::Service<Name> for AllowedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = Resolving;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Resolving {
         let (destinations, port) = (self.destinations.clone(), self.port);
         Box::pin(async move {
             let found = tokio::net::lookup_host((name.as_str(), port)).await?;
@@ -131,7 +146,7 @@ impl reqwest::dns::Resolve for AllowedResolver {
             if allowed.is_empty() {
                 return Err(Box::new(DestinationRefused) as Box<dyn std::error::Error + Send + Sync>);
             }
-            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+            Ok(allowed.into_iter())
         })
     }
 }

@@ -13,7 +13,8 @@ mod signing;
 use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::header::{HeaderName, HeaderValue};
+use base64::Engine;
+use http::header::{HeaderName, HeaderValue};
 
 pub use backoff::retry_delay;
 pub use destinations::Destinations;
@@ -57,7 +58,11 @@ pub struct Attempt {
 /// Where and how one endpoint's deliveries are POSTed.
 #[derive(Debug, Clone)]
 pub struct Target {
-    pub url: reqwest::Url,
+    pub url: url::Url,
+    /// The URL as a request takes it, parsed once, without the user and password.
+    pub uri: http::Uri,
+    /// `Basic` authorization from the URL's user and password, if it has them.
+    pub authorization: Option<HeaderValue>,
     /// The live signing secrets, newest first: one `v1,` signature each.
     pub keys: Vec<SigningKey>,
     /// The endpoint's static headers.
@@ -96,10 +101,11 @@ impl Target {
         if url.len() > MAX_URL_BYTES {
             return Err(TargetError::UrlTooLong(url.len()));
         }
-        let url = reqwest::Url::parse(url).map_err(|e| TargetError::BadUrl(e.to_string()))?;
+        let url = url::Url::parse(url).map_err(|e| TargetError::BadUrl(e.to_string()))?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(TargetError::NotHttp(url.scheme().to_string()));
         }
+        let (uri, authorization) = request_uri(&url)?;
         let keys = secrets.iter().map(|secret| SigningKey::parse(secret.trim())).collect::<Result<_, _>>()?;
         let extra_headers = headers
             .iter()
@@ -110,7 +116,7 @@ impl Target {
                 Ok((name, value))
             })
             .collect::<Result<_, TargetError>>()?;
-        Ok(Target { url, keys, extra_headers, timeout })
+        Ok(Target { url, uri, authorization, keys, extra_headers, timeout })
     }
 
     /// The Standard Webhooks headers of one attempt at `timestamp` (unix seconds).
@@ -125,6 +131,24 @@ impl Target {
         headers.push(("webhook-id", id));
         headers
     }
+}
+
+/// The URI requests go to, and the user and password the URL carries as `Basic` authorization
+/// (percent-decoded), as browsers and curl send them; the URI keeps neither.
+fn request_uri(url: &url::Url) -> Result<(http::Uri, Option<HeaderValue>), TargetError> {
+    let decode = |part: &str| percent_encoding::percent_decode_str(part).decode_utf8_lossy().into_owned();
+    let authorization = (!url.username().is_empty() || url.password().is_some()).then(|| {
+        let credentials = format!("{}:{}", decode(url.username()), url.password().map(decode).unwrap_or_default());
+        let mut value = HeaderValue::try_from(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials)))
+            .expect("base64 is a valid header value");
+        value.set_sensitive(true);
+        value
+    });
+    let mut bare = url.clone();
+    // Only a URL without a host refuses them, and an http(s) URL always has one.
+    bare.set_username("").and(bare.set_password(None)).map_err(|()| TargetError::BadUrl("it has no host".into()))?;
+    let uri = bare.as_str().parse::<http::Uri>().map_err(|e| TargetError::BadUrl(e.to_string()))?;
+    Ok((uri, authorization))
 }
 
 #[cfg(test)]
@@ -191,6 +215,18 @@ mod tests {
         let signature = &headers.iter().find(|(n, _)| *n == "webhook-signature").unwrap().1;
         let [new, old] = [SECRET, OLD_SECRET].map(|s| SigningKey::parse(s).unwrap().sign("42", 7, &event().body));
         assert_eq!(signature, &format!("{new} {old}"));
+    }
+
+    #[test]
+    fn a_user_and_password_in_the_url_become_basic_authorization_and_leave_the_uri() {
+        let with_both = target("https://us%40er:p%3Ass@127.0.0.1:8443/hook?token=t", &[], &[]).unwrap();
+        assert_eq!(with_both.uri.to_string(), "https://127.0.0.1:8443/hook?token=t");
+        let authorization = with_both.authorization.unwrap();
+        assert_eq!(authorization.to_str().unwrap(), format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("us@er:p:ss")));
+        assert!(authorization.is_sensitive());
+        assert!(target("http://127.0.0.1/hook", &[], &[]).unwrap().authorization.is_none());
+        let user_only = target("http://me@127.0.0.1/hook", &[], &[]).unwrap().authorization.unwrap();
+        assert_eq!(user_only.to_str().unwrap(), format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("me:")));
     }
 
     #[test]
