@@ -62,6 +62,19 @@ psql_cluster -tAq -c "CREATE FUNCTION public.insert_logged(topic text, payload j
 cat > "$DIR/function.sql" <<SQL
 SELECT public.insert_logged('order.placed', '$PAYLOAD');
 SQL
+# The same with the mode read in the INSERT, as outbox_enqueue must (a switch back to table mode
+# relies on it): the ceiling of an enqueue that chooses its mode in SQL. In a log-mode database.
+psql_cluster -d logmode -tAq -c "CREATE FUNCTION public.insert_logged_in_mode(topic text, payload jsonb) RETURNS bigint LANGUAGE plpgsql AS \$\$
+  DECLARE id bigint;
+  BEGIN
+    INSERT INTO outbox.outbox_log (id, topic, payload)
+    SELECT nextval('outbox.outbox_id_seq'), topic, payload FROM outbox.outbox_log_state AS s WHERE s.enabled
+    RETURNING outbox_log.id INTO id;
+    RETURN id;
+  END \$\$" >/dev/null
+cat > "$DIR/function_mode.sql" <<SQL
+SELECT public.insert_logged_in_mode('order.placed', '$PAYLOAD');
+SQL
 for design in enqueue_log ext_enqueue ext_enqueue_log; do cp "$DIR/enqueue.sql" "$DIR/$design.sql"; done
 # A logical message carries the event whole; transactional, so a rollback writes nothing a
 # decoder ever returns. With its id from the outbox's sequence, and without (the message's LSN
@@ -72,7 +85,7 @@ SQL
 cat > "$DIR/message_lsn.sql" <<SQL
 SELECT pg_logical_emit_message(true, 'outbox', json_build_object('topic', 'order.placed', 'payload', '$PAYLOAD'::jsonb)::text);
 SQL
-DESIGNS=(insert enqueue enqueue_log ext_enqueue ext_enqueue_log partition function message message_lsn)
+DESIGNS=(insert enqueue enqueue_log ext_enqueue ext_enqueue_log partition function function_mode message message_lsn)
 
 empty_tables() {
   # Its own variable: measure's is the database it is about to run in.
@@ -85,7 +98,7 @@ empty_tables() {
 declare -A runs=()
 measure() { # measure DESIGN SYNCHRONOUS_COMMIT
   local database=postgres
-  case $1 in enqueue_log) database=logmode ;; ext_enqueue) database=ext ;; ext_enqueue_log) database=ext_log ;; esac
+  case $1 in enqueue_log | function_mode) database=logmode ;; ext_enqueue) database=ext ;; ext_enqueue_log) database=ext_log ;; esac
   empty_tables
   runs[$1-$2]+=" $(PGOPTIONS="-c synchronous_commit=$2" PGHOST=127.0.0.1 PGPORT=$CLUSTER_PORT PGUSER=postgres \
     pgbench -n -c8 -j2 -T"$SECONDS_PER_RUN" -f "$DIR/$1.sql" "$database" 2>&1 | awk '/^tps = / { printf "%.0f", $3 }')"
@@ -138,6 +151,7 @@ insert_off=$(median5 ${runs[insert-off]}) insert_on=$(median5 ${runs[insert-on]}
   row "\`outbox_enqueue\`, log mode (extension)" ext_enqueue_log
   row "the append-only row alone: INSERT into \`outbox_log\`, id from the sequence" partition
   row "that INSERT alone in a PL/pgSQL function (no checks, no mode)" function
+  row "that function with the mode read in its INSERT (no checks)" function_mode
   row "logical message with the event, id from the sequence" message
   row "logical message with the event, its LSN as the id" message_lsn
   echo
