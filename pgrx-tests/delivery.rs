@@ -36,6 +36,40 @@ fn a_delivery_carries_the_contract_headers_body_and_a_valid_signature() {
 }
 
 #[test]
+fn a_user_and_password_in_the_url_are_sent_as_basic_authorization_and_nowhere_else() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    let with_credentials = receiver.url.replacen("http://", "http://us%40er:p%3Ass@", 1);
+    db.configure(&[("outbox.webhook_url", &with_credentials)]);
+
+    let id = db.enqueue("order.placed", "{}");
+    wait_until("the event is marked sent", Duration::from_secs(10), || db.is_sent(id));
+
+    let delivery = &receiver.deliveries_of(id)[0];
+    // base64 of "us@er:p:ss": the user and password percent-decoded, as curl sends them.
+    assert_eq!(delivery.header("authorization"), Some("Basic dXNAZXI6cDpzcw=="));
+    assert_eq!(delivery.request_line, "POST /events HTTP/1.1");
+    assert_eq!(delivery.header("host"), receiver.url.strip_prefix("http://").and_then(|rest| rest.strip_suffix("/events")));
+    assert_eq!(delivery.header("accept"), Some("*/*"));
+
+    // An endpoint's own Accept replaces the relay's, rather than joining it.
+    db.execute(&format!(
+        "SELECT outbox_endpoint_set('accepting', '{}', '{{accepting}}', headers => '{{\"Accept\": \"application/json\"}}')",
+        receiver.url
+    ));
+    let id = db.enqueue("accepting", "{}");
+    let sent = format!("id = {id} AND sent_at IS NOT NULL");
+    wait_until("the event is sent to both endpoints", Duration::from_secs(10), || db.is_sent(id) && db.count_to("accepting", &sent) == 1);
+    let deliveries = receiver.deliveries_of(id);
+    let accepts: Vec<Vec<&str>> = deliveries
+        .iter()
+        .map(|delivery| delivery.headers.iter().filter(|(name, _)| name == "accept").map(|(_, v)| v.as_str()).collect())
+        .collect();
+    assert!(accepts.contains(&vec!["application/json"]) && accepts.contains(&vec!["*/*"]), "{accepts:?}");
+    db.execute("SELECT outbox_endpoint_drop('accepting')");
+}
+
+#[test]
 fn a_commit_wakes_a_worker_without_waiting_for_the_poll() {
     let mut db = db();
     let receiver = Receiver::start(Reply::Status(204));

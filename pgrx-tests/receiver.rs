@@ -20,6 +20,8 @@ pub struct Delivery {
     pub signature: Option<String>,
     pub content_type: Option<String>,
     pub user_agent: Option<String>,
+    /// The request line, as `POST /events HTTP/1.1`.
+    pub request_line: String,
     pub body: String,
     /// Every header, names in lower case.
     pub headers: Vec<(String, String)>,
@@ -157,6 +159,7 @@ impl Drop for Receiver {
 
 /// One request as read from a connection.
 pub struct Request {
+    pub request_line: String,
     /// Names in lower case.
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
@@ -176,6 +179,7 @@ pub fn read_request(reader: &mut impl BufRead) -> Option<Request> {
     if reader.read_line(&mut line).ok()? == 0 {
         return None; // the request line, or the end of the connection
     }
+    let request_line = line.trim_end().to_string();
     loop {
         line.clear();
         if reader.read_line(&mut line).ok()? == 0 {
@@ -192,7 +196,7 @@ pub fn read_request(reader: &mut impl BufRead) -> Option<Request> {
     let length = headers.iter().find(|(name, _)| name == "content-length").map_or(Some(0), |(_, v)| v.parse().ok())?;
     let mut body = vec![0; length];
     reader.read_exact(&mut body).ok()?;
-    Some(Request { headers, body })
+    Some(Request { request_line, headers, body })
 }
 
 /// Answers the requests of one connection as the test's reply says, until the relay closes it.
@@ -208,6 +212,7 @@ fn serve(stream: TcpStream, reply: &Mutex<Reply>, state: &(Mutex<State>, Condvar
             signature: header("webhook-signature"),
             content_type: header("content-type"),
             user_agent: header("user-agent"),
+            request_line: request.request_line.clone(),
             body: String::from_utf8_lossy(&request.body).into_owned(),
             headers: request.headers.clone(),
             at: Instant::now(),

@@ -172,6 +172,8 @@ mod tests {
     fn bad_endpoints_are_explained() {
         assert_eq!(target("  ", &[], &[]).unwrap_err(), TargetError::NoUrl);
         assert!(matches!(target("not a url", &[], &[]).unwrap_err(), TargetError::BadUrl(_)));
+        // A URL the URL standard takes but HTTP's URI grammar does not: refused when loaded.
+        assert!(matches!(target("https://{{hostname}}/hook", &[], &[]).unwrap_err(), TargetError::BadUrl(_)));
         assert_eq!(target("ftp://127.0.0.1/x", &[], &[]).unwrap_err(), TargetError::NotHttp("ftp".into()));
         assert_eq!(target("http://127.0.0.1/x", &["secret"], &[]).unwrap_err(), TargetError::BadSecret(SecretError::NoPrefix));
         assert_eq!(target("http://127.0.0.1/x", &[], &[("x-ok", "v"), ("bad name", "v")]).unwrap_err(), TargetError::BadHeaderName(2));

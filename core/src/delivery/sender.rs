@@ -218,8 +218,6 @@ async fn post(client: &Client, target: &Target, event: &Event) -> Outcome {
     *request.method_mut() = http::Method::POST;
     *request.uri_mut() = target.uri.clone();
     let headers = request.headers_mut();
-    headers.insert(http::header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
-    headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
     if let Some(authorization) = &target.authorization {
         headers.insert(http::header::AUTHORIZATION, authorization.clone());
     }
@@ -232,6 +230,9 @@ async fn post(client: &Client, target: &Target, event: &Event) -> Outcome {
             Err(e) => return Outcome::Unreachable(format!("header {name}: {e}")),
         };
     }
+    // Unless the endpoint's headers name them.
+    headers.entry(http::header::USER_AGENT).or_insert(HeaderValue::from_static(USER_AGENT));
+    headers.entry(ACCEPT).or_insert(HeaderValue::from_static("*/*"));
     let mut response = match client.request(request).await {
         Ok(response) => response,
         Err(e) => return transport_failure(&e),
@@ -273,6 +274,12 @@ fn client_for(destinations: &Arc<Destinations>, port: u16, tls: &rustls::ClientC
     let mut http = HttpConnector::new_with_resolver(AllowedResolver { destinations: destinations.clone(), port });
     http.enforce_http(false);
     http.set_nodelay(true);
+    // A peer that vanished, or stopped reading a body larger than the socket's buffers, ends
+    // the connection within about 30 s; pooled connections survive idle-dropping middleboxes.
+    http.set_keepalive(Some(Duration::from_secs(15)));
+    http.set_keepalive_interval(Some(Duration::from_secs(15)));
+    http.set_keepalive_retries(Some(3));
+    http.set_tcp_user_timeout(Some(Duration::from_secs(30)));
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls.clone())
         .https_or_http()
@@ -287,12 +294,17 @@ fn client_for(destinations: &Arc<Destinations>, port: u16, tls: &rustls::ClientC
 }
 
 /// Why a request failed on its way: refused by allowed_destinations when a host name resolved
-/// only to addresses outside it, otherwise the error and its causes, on one line.
+/// only to addresses outside it, timed out when the kernel gave up on the peer, otherwise the
+/// error and its causes, on one line.
 fn transport_failure(error: &(dyn std::error::Error + 'static)) -> Outcome {
     let mut cause = Some(error);
     while let Some(error) = cause {
         if error.is::<DestinationRefused>() {
             return Outcome::Refused;
+        }
+        // The kernel's own limits: a connection attempt unanswered, or TCP_USER_TIMEOUT.
+        if error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut) {
+            return Outcome::TimedOut;
         }
         cause = error.source();
     }
@@ -330,6 +342,14 @@ mod tests {
             libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask);
             libc::sigismember(&mask, signal) == 1
         }
+    }
+
+    #[test]
+    fn a_connection_the_kernel_gave_up_on_is_a_timeout_and_other_failures_say_why() {
+        assert!(matches!(transport_failure(&std::io::Error::from(std::io::ErrorKind::TimedOut)), Outcome::TimedOut));
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        assert!(matches!(transport_failure(&refused), Outcome::Unreachable(reason) if reason == "connection refused"));
+        assert!(matches!(transport_failure(&DestinationRefused), Outcome::Refused));
     }
 
     #[test]
