@@ -181,3 +181,24 @@ fn a_relay_whose_lease_was_taken_ends_its_stream_so_that_the_next_reader_may_hav
     let (status, said) = relay.stop();
     assert_eq!(status, 0, "{said}");
 }
+
+#[test]
+fn the_stream_is_encrypted_as_sslmode_asks() {
+    let (mut db, _owner, _receiver) = log_mode_database("outbox_t_log_stream_tls", true);
+    let base = url("outbox_relay", "outbox_t_log_stream_tls");
+    let ca = format!("{}/ca.pem", std::env::var("OUTBOX_TEST_TLS").expect("OUTBOX_TEST_TLS: run through cli/test.sh"));
+    let stream_encrypted = |db: &mut postgres::Client| -> Vec<bool> {
+        let query = "SELECT s.ssl FROM pg_stat_activity AS a JOIN pg_stat_ssl AS s USING (pid)
+                      WHERE a.datname = 'outbox_t_log_stream_tls' AND a.application_name = 'outbox relay log stream'";
+        db.query(query, &[]).unwrap().iter().map(|row| row.get(0)).collect()
+    };
+    for (query, expected) in [(format!("sslmode=verify-full&sslrootcert={ca}"), true), ("sslmode=disable".to_string(), false)] {
+        let relay_url = format!("{base}?{query}");
+        let mut relay = Relay::start(&["--database-url", relay_url.as_str()]);
+        relay.wait_until("the relay streams the slot", Duration::from_secs(20), || count(&mut db, STREAMED) == 1);
+        assert_eq!(stream_encrypted(&mut db), [expected], "{query}");
+        let (status, said) = relay.stop();
+        assert_eq!(status, 0, "{said}");
+        wait_until("the stream is closed", Duration::from_secs(20), || stream_encrypted(&mut db).is_empty());
+    }
+}
