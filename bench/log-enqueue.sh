@@ -62,13 +62,16 @@ psql_cluster -tAq -c "CREATE FUNCTION public.insert_logged(topic text, payload j
 cat > "$DIR/function.sql" <<SQL
 SELECT public.insert_logged('order.placed', '$PAYLOAD');
 SQL
-# The same with the mode read in the INSERT, as outbox_enqueue must (a switch back to table mode
-# relies on it): the ceiling of an enqueue that chooses its mode in SQL. In a log-mode database.
-psql_cluster -d logmode -tAq -c "CREATE FUNCTION public.insert_logged_in_mode(topic text, payload jsonb) RETURNS bigint LANGUAGE plpgsql AS \$\$
+# The same with outbox_enqueue's signature (a call that leaves key and deliver_at out has their
+# defaults read from the catalog when it is parsed) and the mode read in the INSERT, as
+# outbox_enqueue must (a switch back to table mode relies on it): the ceiling of an enqueue
+# with the contract's signature that chooses its mode in SQL. In a log-mode database.
+psql_cluster -d logmode -tAq -c "CREATE FUNCTION public.insert_logged_in_mode(topic text, payload jsonb, key text DEFAULT NULL, deliver_at timestamptz DEFAULT NULL)
+  RETURNS bigint LANGUAGE plpgsql AS \$\$
   DECLARE id bigint;
   BEGIN
-    INSERT INTO outbox.outbox_log (id, topic, payload)
-    SELECT nextval('outbox.outbox_id_seq'), topic, payload FROM outbox.outbox_log_state AS s WHERE s.enabled
+    INSERT INTO outbox.outbox_log (id, topic, payload, key)
+    SELECT nextval('outbox.outbox_id_seq'), topic, payload, key FROM outbox.outbox_log_state AS s WHERE s.enabled AND deliver_at IS NULL
     RETURNING outbox_log.id INTO id;
     RETURN id;
   END \$\$" >/dev/null
@@ -151,7 +154,7 @@ insert_off=$(median5 ${runs[insert-off]}) insert_on=$(median5 ${runs[insert-on]}
   row "\`outbox_enqueue\`, log mode (extension)" ext_enqueue_log
   row "the append-only row alone: INSERT into \`outbox_log\`, id from the sequence" partition
   row "that INSERT alone in a PL/pgSQL function (no checks, no mode)" function
-  row "that function with the mode read in its INSERT (no checks)" function_mode
+  row "that function with \`outbox_enqueue\`'s signature and the mode read in its INSERT (no checks)" function_mode
   row "logical message with the event, id from the sequence" message
   row "logical message with the event, its LSN as the id" message_lsn
   echo
