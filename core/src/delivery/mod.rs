@@ -10,6 +10,7 @@ mod properties;
 mod sender;
 mod signing;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,9 +59,12 @@ pub struct Attempt {
 /// Where and how one endpoint's deliveries are POSTed.
 #[derive(Debug, Clone)]
 pub struct Target {
-    pub url: url::Url,
     /// The URL as a request takes it, parsed once, without the user and password.
     pub uri: http::Uri,
+    /// The port the URL names or its scheme implies, and its host when that is an address
+    /// (a host name's addresses are checked when it is resolved).
+    pub port: u16,
+    pub address: Option<IpAddr>,
     /// `Basic` authorization from the URL's user and password, if it has them.
     pub authorization: Option<HeaderValue>,
     /// The live signing secrets, newest first: one `v1,` signature each.
@@ -106,6 +110,12 @@ impl Target {
             return Err(TargetError::NotHttp(url.scheme().to_string()));
         }
         let (uri, authorization) = request_uri(&url)?;
+        let port = url.port_or_known_default().unwrap_or(0);
+        let address = match url.host() {
+            Some(url::Host::Ipv4(ip)) => Some(ip.into()),
+            Some(url::Host::Ipv6(ip)) => Some(ip.into()),
+            _ => None,
+        };
         let keys = secrets.iter().map(|secret| SigningKey::parse(secret.trim())).collect::<Result<_, _>>()?;
         let extra_headers = headers
             .iter()
@@ -116,29 +126,30 @@ impl Target {
                 Ok((name, value))
             })
             .collect::<Result<_, TargetError>>()?;
-        Ok(Target { url, uri, authorization, keys, extra_headers, timeout })
+        Ok(Target { uri, port, address, authorization, keys, extra_headers, timeout })
     }
 
     /// The Standard Webhooks headers of one attempt at `timestamp` (unix seconds).
-    pub fn headers(&self, event: &Event, timestamp: i64) -> Vec<(&'static str, String)> {
-        let id = event.id.to_string();
-        let mut headers = vec![("content-type", "application/json".to_string())];
+    pub fn headers(&self, event: &Event, timestamp: i64) -> Vec<(HeaderName, HeaderValue)> {
+        let mut headers = vec![(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
         if !self.keys.is_empty() {
+            let id = event.id.to_string();
             let signatures: Vec<String> = self.keys.iter().map(|key| key.sign(&id, timestamp, &event.body)).collect();
-            headers.push(("webhook-signature", signatures.join(" ")));
+            let signatures = HeaderValue::try_from(signatures.join(" ")).expect("v1, and base64 are header-safe");
+            headers.push((HeaderName::from_static("webhook-signature"), signatures));
         }
-        headers.push(("webhook-timestamp", timestamp.to_string()));
-        headers.push(("webhook-id", id));
+        headers.push((HeaderName::from_static("webhook-timestamp"), HeaderValue::from(timestamp)));
+        headers.push((HeaderName::from_static("webhook-id"), HeaderValue::from(event.id)));
         headers
     }
 }
 
 /// The URI requests go to, and the user and password the URL carries as `Basic` authorization
-/// (percent-decoded), as browsers and curl send them; the URI keeps neither.
+/// (their percent-decoded bytes, as curl sends them); the URI keeps neither.
 fn request_uri(url: &url::Url) -> Result<(http::Uri, Option<HeaderValue>), TargetError> {
-    let decode = |part: &str| percent_encoding::percent_decode_str(part).decode_utf8_lossy().into_owned();
+    let decode = |part: &str| percent_encoding::percent_decode_str(part).collect::<Vec<u8>>();
     let authorization = (!url.username().is_empty() || url.password().is_some()).then(|| {
-        let credentials = format!("{}:{}", decode(url.username()), url.password().map(decode).unwrap_or_default());
+        let credentials = [decode(url.username()), b":".to_vec(), url.password().map(decode).unwrap_or_default()].concat();
         let mut value = HeaderValue::try_from(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials)))
             .expect("base64 is a valid header value");
         value.set_sensitive(true);
@@ -201,7 +212,7 @@ mod tests {
     fn headers_carry_the_event_id_timestamp_and_signature() {
         let target = target("http://127.0.0.1:9/hook", &[SECRET], &[("authorization", "Bearer t")]).unwrap();
         let headers = target.headers(&event(), 1_700_000_000);
-        let get = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
+        let get = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.to_str().unwrap().to_string());
         assert_eq!(get("webhook-id").unwrap(), "42");
         assert_eq!(get("webhook-timestamp").unwrap(), "1700000000");
         assert_eq!(get("content-type").unwrap(), "application/json");
@@ -214,9 +225,9 @@ mod tests {
     fn each_live_secret_signs_newest_first() {
         let target = target("http://127.0.0.1:9/hook", &[SECRET, OLD_SECRET], &[]).unwrap();
         let headers = target.headers(&event(), 7);
-        let signature = &headers.iter().find(|(n, _)| *n == "webhook-signature").unwrap().1;
+        let signature = &headers.iter().find(|(n, _)| n == "webhook-signature").unwrap().1;
         let [new, old] = [SECRET, OLD_SECRET].map(|s| SigningKey::parse(s).unwrap().sign("42", 7, &event().body));
-        assert_eq!(signature, &format!("{new} {old}"));
+        assert_eq!(signature.to_str().unwrap(), format!("{new} {old}"));
     }
 
     #[test]
@@ -229,11 +240,14 @@ mod tests {
         assert!(target("http://127.0.0.1/hook", &[], &[]).unwrap().authorization.is_none());
         let user_only = target("http://me@127.0.0.1/hook", &[], &[]).unwrap().authorization.unwrap();
         assert_eq!(user_only.to_str().unwrap(), format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("me:")));
+        // Bytes that are not UTF-8 are sent as they are, not replaced.
+        let raw = target("http://%FF:%FE@127.0.0.1/hook", &[], &[]).unwrap().authorization.unwrap();
+        assert_eq!(raw.to_str().unwrap(), format!("Basic {}", base64::engine::general_purpose::STANDARD.encode([0xFF, b':', 0xFE])));
     }
 
     #[test]
     fn no_secret_means_no_signature_header() {
         let target = target("https://127.0.0.1/hook", &[], &[]).unwrap();
-        assert!(target.headers(&event(), 1).iter().all(|(n, _)| *n != "webhook-signature"));
+        assert!(target.headers(&event(), 1).iter().all(|(n, _)| n != "webhook-signature"));
     }
 }

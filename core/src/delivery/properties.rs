@@ -82,7 +82,7 @@ proptest! {
         let headers = [("x-token".to_string(), header)];
         match Target::new(&url, std::slice::from_ref(&secret), &headers, Duration::from_secs(1)) {
             Ok(target) => {
-                prop_assert!(matches!(target.url.scheme(), "http" | "https"));
+                prop_assert!(matches!(target.uri.scheme_str(), Some("http" | "https")));
                 prop_assert!(url.trim().len() <= MAX_URL_BYTES && !url.trim().is_empty());
             }
             Err(error) => {

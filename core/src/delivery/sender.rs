@@ -5,13 +5,13 @@
 //! PostgreSQL's handlers only ever run on the main thread.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, ACCEPT, RETRY_AFTER};
+use http::header::{HeaderValue, ACCEPT, AUTHORIZATION, RETRY_AFTER, USER_AGENT as USER_AGENT_HEADER};
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -38,7 +38,7 @@ pub struct Sender {
     /// other port, each resolving host names to the addresses allowed there; made when first
     /// needed. So no more clients than the setting names ports.
     clients: HashMap<u16, Client>,
-    /// TLS for https endpoints: the webpki roots, HTTP/2 and HTTP/1.1 offered.
+    /// TLS for https endpoints, with the webpki roots (`client_for` offers HTTP/2 and HTTP/1.1).
     tls: rustls::ClientConfig,
     finished_tx: mpsc::Sender<(u64, Attempt)>,
     finished_rx: mpsc::Receiver<(u64, Attempt)>,
@@ -79,13 +79,12 @@ impl Sender {
             .map_err(SenderError::Tls)?
             .with_root_certificates(rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() })
             .with_no_client_auth();
-        let client = client_for(&destinations, 0, &tls);
         let doorbell = Doorbell::new().map_err(SenderError::Doorbell)?;
         let (finished_tx, finished_rx) = mpsc::channel();
         Ok(Sender {
             runtime,
             destinations,
-            clients: HashMap::from([(0, client)]),
+            clients: HashMap::new(),
             tls,
             finished_tx,
             finished_rx,
@@ -109,13 +108,9 @@ impl Sender {
     /// an address outside `outbox.allowed_destinations` fails at once, with no connection made;
     /// a host name's addresses are checked when it is resolved.
     pub fn send(&mut self, target: &Arc<Target>, event: Event) {
-        let port = target.url.port_or_known_default().unwrap_or(0);
-        let address: Option<IpAddr> = match target.url.host() {
-            Some(url::Host::Ipv4(ip)) => Some(ip.into()),
-            Some(url::Host::Ipv6(ip)) => Some(ip.into()),
-            _ => None,
-        };
-        let refused = address.is_some_and(|ip| !self.destinations.allows(SocketAddr::new(ip, port)));
+        let port = target.port;
+        let refused = target.address.is_some_and(|ip| !self.destinations.allows(SocketAddr::new(ip, port)));
+        // The resolver resolves to this port, so the port hyper connects to is one it checked.
         let client_port = if self.destinations.names_port(port) { port } else { 0 };
         let client = match self.clients.get(&client_port) {
             Some(client) => client.clone(),
@@ -218,20 +213,17 @@ async fn post(client: &Client, target: &Target, event: &Event) -> Outcome {
     *request.method_mut() = http::Method::POST;
     *request.uri_mut() = target.uri.clone();
     let headers = request.headers_mut();
-    if let Some(authorization) = &target.authorization {
-        headers.insert(http::header::AUTHORIZATION, authorization.clone());
-    }
     for (name, value) in &target.extra_headers {
         headers.append(name, value.clone());
     }
     for (name, value) in target.headers(event, timestamp) {
-        match HeaderValue::try_from(value) {
-            Ok(value) => headers.append(HeaderName::from_static(name), value),
-            Err(e) => return Outcome::Unreachable(format!("header {name}: {e}")),
-        };
+        headers.append(name, value);
     }
     // Unless the endpoint's headers name them.
-    headers.entry(http::header::USER_AGENT).or_insert(HeaderValue::from_static(USER_AGENT));
+    if let Some(authorization) = &target.authorization {
+        headers.entry(AUTHORIZATION).or_insert_with(|| authorization.clone());
+    }
+    headers.entry(USER_AGENT_HEADER).or_insert(HeaderValue::from_static(USER_AGENT));
     headers.entry(ACCEPT).or_insert(HeaderValue::from_static("*/*"));
     let mut response = match client.request(request).await {
         Ok(response) => response,
@@ -303,8 +295,16 @@ fn transport_failure(error: &(dyn std::error::Error + 'static)) -> Outcome {
             return Outcome::Refused;
         }
         // The kernel's own limits: a connection attempt unanswered, or TCP_USER_TIMEOUT.
-        if error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut) {
-            return Outcome::TimedOut;
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return Outcome::TimedOut;
+            }
+            // An io::Error that wraps another error (as TLS errors are) does not name it as its
+            // source.
+            if let Some(inner) = io.get_ref() {
+                cause = Some(inner);
+                continue;
+            }
         }
         cause = error.source();
     }
@@ -347,6 +347,8 @@ mod tests {
     #[test]
     fn a_connection_the_kernel_gave_up_on_is_a_timeout_and_other_failures_say_why() {
         assert!(matches!(transport_failure(&std::io::Error::from(std::io::ErrorKind::TimedOut)), Outcome::TimedOut));
+        let during_tls = std::io::Error::other(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(matches!(transport_failure(&during_tls), Outcome::TimedOut));
         let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
         assert!(matches!(transport_failure(&refused), Outcome::Unreachable(reason) if reason == "connection refused"));
         assert!(matches!(transport_failure(&DestinationRefused), Outcome::Refused));
