@@ -635,6 +635,49 @@ fn a_slot_lost_while_a_read_is_on_its_way_is_made_again_and_that_read_recovered(
     db.configure(&[]);
 }
 
+#[test]
+fn a_slot_invalidated_by_max_slot_wal_keep_size_is_made_again_and_what_it_held_is_delivered() {
+    let mut db = db();
+    let receiver = Receiver::start(Reply::Status(204));
+    log_mode_with_workers(&mut db, "log-invalidated", &receiver.url, "invalidated.*");
+    let confirmed = db.enqueue("invalidated.before", "{}");
+    let written: String = db.value("SELECT pg_current_wal_lsn()::text");
+    db.wait_for("the first event is delivered and the slot confirmed past it", Duration::from_secs(30), |db| {
+        db.value::<bool>(&format!("SELECT coalesce(confirmed_lsn >= '{written}', false) FROM outbox_log_state"))
+    });
+    // The relays kept off the slot, as by a reader that took the lease and stopped.
+    db.execute("UPDATE outbox_log_state SET reader_fence = reader_fence + 1, reader_until = now() + interval '1 hour'");
+    let held = [db.enqueue("invalidated.held", r#"{"n": 1}"#), db.enqueue("invalidated.held", r#"{"n": 2}"#)];
+    // The slot may keep no WAL but the current segment's: the next checkpoint past a segment
+    // switch invalidates it, as PostgreSQL does to a slot that fell too far behind.
+    db.configure(&[("max_slot_wal_keep_size", "1MB")]);
+    let slot_status = "SELECT r.wal_status FROM pg_replication_slots AS r JOIN outbox_log_state AS s ON r.slot_name = s.slot";
+    db.wait_for("PostgreSQL invalidates the slot", Duration::from_secs(30), |db| {
+        db.execute("SELECT pg_logical_emit_message(false, 'outbox-test', 'wal'); SELECT pg_switch_wal()");
+        db.execute("CHECKPOINT");
+        db.value::<String>(slot_status) == "lost"
+    });
+    db.execute("ALTER SYSTEM RESET max_slot_wal_keep_size");
+    db.configure(&[]);
+    // The lease free again: a relay finds the slot lost, makes it again and recovers.
+    db.execute("UPDATE outbox_log_state SET reader_until = NULL");
+    db.wait_for("the events the lost slot held are delivered", Duration::from_secs(30), |_| {
+        held.iter().all(|id| !receiver.deliveries_of(*id).is_empty())
+    });
+    db.wait_for("the slot made again is read", Duration::from_secs(30), |db| {
+        matches!(db.column::<String>(slot_status).as_slice(), [status] if status != "lost")
+            && !db.value::<bool>("SELECT recovering FROM outbox_log_state")
+    });
+    let next = db.enqueue("invalidated.after", "{}");
+    db.wait_for("an event after it is delivered", Duration::from_secs(30), |_| !receiver.deliveries_of(next).is_empty());
+    for id in held {
+        assert_eq!(receiver.deliveries_of(id).len(), 1, "event {id} was committed before the new slot: recovered alone");
+    }
+    assert_eq!(receiver.deliveries_of(confirmed).len(), 1, "an event confirmed before the loss is not sent again");
+    leave_log_mode(&mut db);
+    db.execute("SELECT outbox_endpoint_drop('log-invalidated')");
+}
+
 /// What log mode runs (the reader's lease, read, routing, copy into the table path, recovery
 /// and partition upkeep) with a non-superuser's look-alikes of what it calls planted in
 /// public: none of them runs.
