@@ -47,13 +47,14 @@ SQL
 cat > "$DIR/enqueue.sql" <<SQL
 SELECT outbox.outbox_enqueue('order.placed', '$PAYLOAD');
 SQL
-# The append-only row alone, as log mode writes it: hourly partitions, no index, no update.
+# The append-only row alone, as log mode writes it: hourly partitions, no index, no update. This
+# and the two functions below run in the SQL install's log-mode database, where outbox_log has
+# its hourly partitions made (in table mode every row would go to its default partition).
 cat > "$DIR/partition.sql" <<SQL
 INSERT INTO outbox.outbox_log (id, topic, payload) VALUES (nextval('outbox.outbox_id_seq'), 'order.placed', '$PAYLOAD');
 SQL
-# The least a function that enqueues can do: PL/pgSQL, that one INSERT with its plan kept, no
-# checks, no mode: the ceiling of outbox_enqueue in log mode.
-psql_cluster -tAq -c "CREATE FUNCTION public.insert_logged(topic text, payload jsonb) RETURNS bigint LANGUAGE plpgsql AS \$\$
+# That INSERT alone in a PL/pgSQL function, its plan kept: no checks, no mode, no defaults.
+psql_cluster -d logmode -tAq -c "CREATE FUNCTION public.insert_logged(topic text, payload jsonb) RETURNS bigint LANGUAGE plpgsql AS \$\$
   DECLARE id bigint;
   BEGIN
     INSERT INTO outbox.outbox_log (id, topic, payload) VALUES (nextval('outbox.outbox_id_seq'), topic, payload) RETURNING outbox_log.id INTO id;
@@ -101,7 +102,7 @@ empty_tables() {
 declare -A runs=()
 measure() { # measure DESIGN SYNCHRONOUS_COMMIT
   local database=postgres
-  case $1 in enqueue_log | function_mode) database=logmode ;; ext_enqueue) database=ext ;; ext_enqueue_log) database=ext_log ;; esac
+  case $1 in enqueue_log | partition | function | function_mode) database=logmode ;; ext_enqueue) database=ext ;; ext_enqueue_log) database=ext_log ;; esac
   empty_tables
   runs[$1-$2]+=" $(PGOPTIONS="-c synchronous_commit=$2" PGHOST=127.0.0.1 PGPORT=$CLUSTER_PORT PGUSER=postgres \
     pgbench -n -c8 -j2 -T"$SECONDS_PER_RUN" -f "$DIR/$1.sql" "$database" 2>&1 | awk '/^tps = / { printf "%.0f", $3 }')"
