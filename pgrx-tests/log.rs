@@ -308,6 +308,19 @@ fn a_slot_made_by_a_transaction_that_did_not_commit_is_still_recovered() {
     leave_log_mode(&mut db);
 }
 
+#[test]
+fn bad_input_in_log_mode_errors_with_class_22_and_writes_nothing_into_the_log() {
+    let mut db = db();
+    enter_log_mode(&mut db);
+    super::enqueue::refuses_bad_input(&mut db);
+    assert_eq!(db.value::<i64>("SELECT count(*) FROM outbox_log"), 0, "no row in the log");
+    assert_eq!(db.count_events("true"), 0, "nor in the table path");
+    let id: i64 = db.value(&format!("SELECT outbox_enqueue('at.the.limit', '{{\"k\": \"{}\"}}')", "x".repeat(91)));
+    assert_eq!(db.value::<i64>(&format!("SELECT count(*) FROM outbox_log WHERE id = {id}")), 1, "at the limit, into the log");
+    db.execute("RESET outbox.max_payload_bytes");
+    leave_log_mode(&mut db);
+}
+
 /// Log mode with the workers reading the slot: `endpoint` takes `topics`.
 fn log_mode_with_workers(db: &mut Db, endpoint: &str, url: &str, topics: &str) {
     leave_log_mode(db);

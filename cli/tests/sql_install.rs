@@ -61,10 +61,23 @@ fn enqueue_in_sql_raises_the_errors_of_the_library() {
         let e = e.as_db_error().expect("a database error");
         (e.code().code().to_string(), e.message().to_string())
     };
-    for statement in &cases {
-        let library = error("outbox_t_errors_ext", "public", statement);
-        let sql = error("outbox_t_errors_sql", "outbox", statement);
-        assert_eq!(sql, library, "{statement}");
+    let installs = [("outbox_t_errors_ext", "public"), ("outbox_t_errors_sql", "outbox")];
+    for mode in ["table", "log"] {
+        for (database, schema) in installs {
+            connect("postgres", database).batch_execute(&format!("SELECT {schema}.outbox_set_mode('{mode}')")).unwrap();
+        }
+        for statement in &cases {
+            let library = error("outbox_t_errors_ext", "public", statement);
+            let sql = error("outbox_t_errors_sql", "outbox", statement);
+            assert_eq!(sql, library, "{mode} mode: {statement}");
+        }
+    }
+    for (database, schema) in installs {
+        let written: i64 = connect("postgres", database)
+            .query_one(&format!("SELECT (SELECT count(*) FROM {schema}.outbox) + (SELECT count(*) FROM {schema}.outbox_log)"), &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(written, 0, "{database}: nothing written in either mode");
     }
 }
 
