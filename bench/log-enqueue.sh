@@ -168,4 +168,5 @@ insert_off=$(median5 ${runs[insert-off]}) insert_on=$(median5 ${runs[insert-on]}
     for design in "${DESIGNS[@]}"; do echo "- $design, commit $commit:${runs[$design-$commit]}"; done
   done
 } > "$out"
+python3 scripts/readme-figures.py # the README quotes its enqueue figures
 cat "$out"

@@ -245,3 +245,4 @@ $(echo "${latencies[process_log]}" | cut -d' ' -f1); max (ms): $(echo "${latenci
 $(echo "${latencies[workers_log]}" | cut -d' ' -f4), $(echo "${latencies[process_table]}" | cut -d' ' -f4), $(echo "${latencies[process_log]}" | cut -d' ' -f4).
 EOF
 echo "== written bench/RESULTS-log-delivery.md"
+python3 scripts/readme-figures.py # the README quotes its drains and latencies

@@ -182,4 +182,5 @@ Runs: enqueue C on/off, SQL on/off per round as printed by the script; drains pe
 $workers_runs, relays $direct_runs, through PgBouncer $bouncer_runs events/s.
 EOF
 echo "== written to bench/RESULTS-relay.md"
+python3 scripts/readme-figures.py # the README quotes its figures of the SQL install
 cat bench/RESULTS-relay.md
