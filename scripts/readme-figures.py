@@ -93,7 +93,11 @@ def link(path, base):
 
 def readme_block(results):
     run, enqueue, delivery, relay = (results[path] for path in (RUN, ENQUEUE, DELIVERY, RELAY))
-    cores = run.search(r"Machine: (\d+) cores", "the number of cores").group(1)
+    # The block names one machine: the runs it quotes must have had the same number of cores.
+    sizes = {r.path: r.search(r"(\d+) cores", "the number of cores").group(1) for r in (run, enqueue, delivery, relay)}
+    if len(set(sizes.values())) != 1:
+        raise Unreadable(f"the results were recorded on machines of different sizes: {sizes}")
+    cores = sizes[RUN]
     run_date, _, _, run_version, _ = recorded(run)
     (memory,) = run.numbers(r"^worker private memory", r"^(\d+) MiB")
 
@@ -152,7 +156,7 @@ def performance_block(results):
         "| measure | result | target |",
         "|---|---|---|",
     ]
-    lines += ["| " + " | ".join(cells) + " |" for cells in run.rows]
+    lines += ["| " + " | ".join(cells) + " |" for cells in run.rows if len(cells) == 3]
     return lines
 
 
