@@ -20,10 +20,11 @@ fn lease(db: &mut Db) -> Option<(i64, String)> {
 
 /// Reads what the slot holds, and the oldest transaction running when the read began.
 fn read(db: &mut Db, fence: i64) -> (LogRead, i64) {
-    let rows = db.client.query("SELECT data, xmin FROM outbox_log_read($1, 10000)", &[&fence]).expect("read");
+    let rows = db.client.query("SELECT data, xmin, log_relation FROM outbox_log_read($1, 10000)", &[&fence]).expect("read");
     let messages: Vec<Vec<u8>> = rows.iter().filter_map(|row| row.get(0)).collect();
     let oldest = rows.last().map_or(0, |row| row.get(1));
-    (read_events(messages.iter().map(Vec::as_slice)).expect("pgoutput messages of outbox_log"), oldest)
+    let log_relation = rows.last().map_or(0, |row| row.get::<_, i64>(2) as u32);
+    (read_events(messages.iter().map(Vec::as_slice), log_relation).expect("pgoutput messages of outbox_log"), oldest)
 }
 
 /// Where the relay sends what was read: the routes of its topics (outbox_log_route), and the
@@ -580,7 +581,8 @@ fn a_copy_into_the_table_path_is_on_disk_before_the_slot_lets_go_of_its_events()
     let held: Vec<Vec<u8>> = db.column(&format!(
         "SELECT data FROM pg_logical_slot_peek_binary_changes('{slot}', NULL, NULL, 'proto_version', '1', 'publication_names', 'outbox_log')"
     ));
-    let held = read_events(held.iter().map(Vec::as_slice)).expect("pgoutput messages of outbox_log");
+    let log_relation: i64 = db.value("SELECT 'outbox_log'::regclass::oid::bigint");
+    let held = read_events(held.iter().map(Vec::as_slice), log_relation as u32).expect("pgoutput messages of outbox_log");
     assert!(held.events.iter().any(|e| e.id == id), "the slot still holds the event");
     db.execute("ALTER SYSTEM RESET synchronous_standby_names");
     db.execute("SELECT pg_reload_conf()");

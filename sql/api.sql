@@ -154,7 +154,9 @@ $$;
 -- Per endpoint: how many of its deliveries are pending (due now), waiting (leased, backing
 -- off, scheduled, behind their key on an ordered endpoint, or the endpoint is disabled) and
 -- dead, how many keys a dead head blocks, how long the oldest due one has waited, and its
--- health. Read from the pending, waiting and dead indexes, never the sent history.
+-- health. Read from the pending, waiting and dead indexes, never the sent history. In log
+-- mode, the events routed to it that the log holds unread while its reading stalls
+-- (outbox_log_unread) are pending too.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_stats(
     OUT endpoint text,
     OUT pending bigint,
@@ -196,13 +198,16 @@ AS $$
           FROM @extschema@.outbox_deliveries AS d
          WHERE d.dead_at IS NOT NULL
          GROUP BY d.endpoint
+    ), unread AS (
+        SELECT u.endpoint, u.unread, u.oldest FROM @extschema@.outbox_log_unread() AS u
     )
     SELECT e.name,
-           CASE WHEN e.disabled_at IS NULL THEN coalesce(q.due, 0) ELSE 0 END,
+           CASE WHEN e.disabled_at IS NULL THEN coalesce(q.due, 0) + coalesce(u.unread, 0) ELSE 0 END,
            coalesce(b.behind, 0)
-             + CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0) ELSE coalesce(q.due, 0) + coalesce(q.later, 0) END,
+             + CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0)
+                    ELSE coalesce(q.due, 0) + coalesce(q.later, 0) + coalesce(u.unread, 0) END,
            coalesce(x.dead, 0),
-           CASE WHEN e.disabled_at IS NULL THEN now() - q.oldest_due END,
+           CASE WHEN e.disabled_at IS NULL THEN now() - least(q.oldest_due, u.oldest) END,
            e.failing_since,
            e.disabled_at,
            coalesce(x.blocked_keys, 0) + coalesce(q.far_heads, 0)
@@ -210,6 +215,7 @@ AS $$
       LEFT JOIN queued AS q ON q.endpoint = e.name
       LEFT JOIN behind AS b ON b.endpoint = e.name
       LEFT JOIN dead AS x ON x.endpoint = e.name
+      LEFT JOIN unread AS u ON u.endpoint = e.name
      ORDER BY e.name
 $$;
 

@@ -13,8 +13,11 @@
 -- recovering: the slot was made again, and what it did not hold is not yet recovered.
 -- slot_made: a snapshot taken just after the slot was made. What it sees as committed is not in
 -- the slot and is recovered; what it does not see is in the slot, and only there.
+-- slot_ours: the slot of that name is the one outbox_log_make_slot made. Slot names are the
+-- cluster's and slots have no owner: one of that name that it did not make is refused.
 -- confirmed_at: when the relay last confirmed, which it does after each read (an empty one
--- too, so that the slot keeps no WAL of other tables' writes): the slot's lag in time.
+-- too, so that the slot keeps no WAL of other tables' writes), or when log mode was switched
+-- on with nothing in the log: the slot's lag in time, which grows while no relay reads it.
 -- table_since: the transaction that put the database back in table mode. A statement whose
 -- snapshot is older still sees log mode and may write into the log; once no such snapshot is
 -- left, logged_below is a transaction id above every one that wrote into the log. Once the
@@ -32,6 +35,7 @@ CREATE TABLE @extschema@.outbox_log_state (
     reader_until  timestamptz,
     recovering    boolean     NOT NULL DEFAULT false,
     slot_made     pg_snapshot,
+    slot_ours     boolean     NOT NULL DEFAULT false,
     confirmed_at  timestamptz,
     table_since   xid8,
     logged_below  xid8
@@ -66,7 +70,9 @@ CREATE TABLE @extschema@.outbox_log_default PARTITION OF @extschema@.outbox_log 
 -- delivered and its slot dropped, from logged_below on); empties the default partition the
 -- same way. Run by the relay with its retention and by outbox_set_mode. Returns
 -- how many partitions it made or dropped. A partition another session holds is left for the
--- next run (lock_timeout), so that an enqueue never waits behind this for long.
+-- next run (lock_timeout), so that an enqueue never waits behind this for long. One session
+-- maintains at a time, and another returns at once: two making the same partition, the later
+-- would find that it exists only once the first committed, and fail.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_maintain()
 RETURNS integer
 LANGUAGE plpgsql
@@ -83,6 +89,9 @@ DECLARE
     changed integer := 0;
     name text;
 BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('outbox_log_maintain ' || log::oid::text)) THEN
+        RETURN 0;
+    END IF;
     FOR ahead IN 0..5 LOOP
         name := 'outbox_log_' || to_char(hour + ahead * interval '1 hour', 'YYYYMMDD"h"HH24');
         CONTINUE WHEN to_regclass(format('%s.%I', schema, name)) IS NOT NULL;
@@ -128,12 +137,92 @@ $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_maintain() FROM PUBLIC;
 
+-- The state of the log's slot: ready; missing (dropped, or a standby promoted); lost
+-- (invalidated by max_slot_wal_keep_size); or foreign: a slot of that name that
+-- outbox_log_make_slot did not make (a role with REPLICATION can make one first), or not one
+-- of this database's that pgoutput decodes. A foreign slot is never read, made again or
+-- dropped: outbox_set_mode and outbox_log_make_slot refuse it.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_slot_state()
+RETURNS text
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN r.slot_name IS NULL THEN 'missing'
+                WHEN NOT s.slot_ours OR r.slot_type <> 'logical' OR r.plugin IS DISTINCT FROM 'pgoutput'
+                     OR r.database IS DISTINCT FROM current_database() THEN 'foreign'
+                WHEN r.wal_status = 'lost' THEN 'lost'
+                ELSE 'ready' END
+      FROM @extschema@.outbox_log_state AS s
+      LEFT JOIN pg_replication_slots AS r ON r.slot_name = s.slot
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_slot_state() FROM PUBLIC;
+
+-- Why the publication named publication is not the one the log is read through, or null when
+-- it is: owned by the owner of outbox_log, publishing the inserts into outbox_log alone, whole,
+-- as rows of outbox_log itself (not of its partitions). Anyone with CREATE on the database can
+-- make a publication of that name first, for a table of theirs: read through it, the rows they
+-- write would be sent as events, signed with the endpoints' secrets, and the real ones never.
+-- Null also when no such publication exists (outbox_set_mode makes it).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_publication_problem(publication name)
+RETURNS text
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+             WHEN p.pubowner <> log.relowner
+               THEN format('it is owned by %s, not by %s, the owner of %s', p.pubowner::regrole, log.relowner::regrole, log.oid::regclass)
+             WHEN p.puballtables OR EXISTS (SELECT FROM pg_publication_namespace AS n WHERE n.pnpubid = p.oid)
+               THEN 'it publishes tables other than ' || log.oid::regclass::text
+             WHEN NOT EXISTS (SELECT FROM pg_publication_rel AS r WHERE r.prpubid = p.oid AND r.prrelid = log.oid)
+               THEN 'it does not publish ' || log.oid::regclass::text
+             WHEN EXISTS (SELECT FROM pg_publication_rel AS r WHERE r.prpubid = p.oid AND r.prrelid <> log.oid)
+               THEN 'it publishes tables other than ' || log.oid::regclass::text
+             WHEN EXISTS (SELECT FROM pg_publication_rel AS r WHERE r.prpubid = p.oid AND (r.prqual IS NOT NULL OR r.prattrs IS NOT NULL))
+               THEN 'it publishes only some rows or columns of ' || log.oid::regclass::text
+             WHEN NOT p.pubinsert OR NOT p.pubviaroot
+               THEN 'it does not publish the inserts into ' || log.oid::regclass::text || ' as rows of that table'
+           END
+      FROM pg_publication AS p,
+           (SELECT c.oid, c.relowner FROM pg_class AS c WHERE c.oid = '@extschema@.outbox_log'::regclass) AS log
+     WHERE p.pubname = publication
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_publication_problem(name) FROM PUBLIC;
+
+-- Raises when the publication the log is read through is not the outbox's own (its owner
+-- dropped it and someone made another): read through it, the log's rows would be skipped and
+-- confirmed as read. True otherwise, for a reader's WHERE clause.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_check_publication(publication name)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    problem text := @extschema@.outbox_log_publication_problem(publication);
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'the publication % is not the outbox''s own: %; the log is not read through it', publication, problem
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Drop it (DROP PUBLICATION %I) and run outbox_set_mode(''log'') again, which makes the outbox''s own.', publication);
+    END IF;
+    RETURN true;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_check_publication(name) FROM PUBLIC;
+
 -- Puts this database in log mode ('log') or back in table mode ('table'), for the enqueues that
--- begin after this commits; returns the mode. Log mode needs wal_level = logical; it makes the
--- publication the slot is read through and the first partitions, and marks where the relay
--- starts: every event from here on, delivered from the slot once the relay has made it, and
--- from outbox_log before that. Back in table mode, the relay still delivers what the log holds,
--- then drops the slot (table_since, outbox_log_confirm).
+-- begin after this commits; returns the mode. Log mode needs wal_level = logical, and an owner
+-- that may make a replication slot; it makes the publication the slot is read through and the
+-- first partitions, and marks where the relay starts: every event from here on, delivered
+-- from the slot once the relay has made it, and from outbox_log before that. It refuses a
+-- publication or slot of the outbox's names that the outbox did not make. Back in table mode,
+-- the relay still delivers what the log holds, then drops the slot (table_since,
+-- outbox_log_confirm).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_set_mode(mode text)
 RETURNS text
 LANGUAGE plpgsql
@@ -142,6 +231,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     state @extschema@.outbox_log_state;
+    failure text;
+    code text;
 BEGIN
     IF mode IS NULL OR mode NOT IN ('table', 'log') THEN
         RAISE EXCEPTION 'outbox_set_mode: the mode is table or log, not %', coalesce(quote_literal(mode), 'null')
@@ -153,19 +244,43 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Set wal_level = logical and restart the server (on Amazon RDS: rds.logical_replication = 1; on Cloud SQL: cloudsql.logical_decoding = on).';
     END IF;
-    IF mode = 'log' AND NOT EXISTS (SELECT FROM pg_publication AS p WHERE p.pubname = state.publication) THEN
-        EXECUTE format('CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert'', publish_via_partition_root = true)',
-                       state.publication, '@extschema@.outbox_log'::regclass);
-    END IF;
     IF mode = 'log' THEN
+        PERFORM @extschema@.outbox_log_check_publication(state.publication);
+        CASE @extschema@.outbox_log_slot_state()
+        WHEN 'foreign' THEN
+            RAISE EXCEPTION 'outbox_set_mode: a replication slot named % exists that the outbox did not make', state.slot
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = format('Nothing was switched. Find out who made it and why; once it is dropped (SELECT pg_drop_replication_slot(%L)), the relay makes its own.', state.slot);
+        WHEN 'missing' THEN
+            -- The relay makes the slot as this function's owner (outbox_log_make_slot): find out
+            -- now whether it can, with a slot of its own that is gone again at once, rather than
+            -- switch to a log that nothing will read.
+            BEGIN
+                PERFORM pg_create_physical_replication_slot('outbox_trial_' || pg_backend_pid(), false, true);
+                PERFORM pg_drop_replication_slot('outbox_trial_' || pg_backend_pid());
+            EXCEPTION WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT, code = RETURNED_SQLSTATE;
+                RAISE EXCEPTION 'outbox_set_mode: log mode needs a replication slot, and the outbox''s owner % cannot make one: %', current_user, failure
+                    USING ERRCODE = code,
+                          HINT = format('Nothing was switched. Give the owner the REPLICATION attribute (ALTER ROLE %I REPLICATION; on Amazon RDS: GRANT rds_replication TO %I), or a free slot (max_replication_slots).', current_user, current_user);
+            END;
+        ELSE
+            NULL;
+        END CASE;
+        IF NOT EXISTS (SELECT FROM pg_publication AS p WHERE p.pubname = state.publication) THEN
+            EXECUTE format('CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert'', publish_via_partition_root = true)',
+                           state.publication, '@extschema@.outbox_log'::regclass);
+        END IF;
         PERFORM @extschema@.outbox_log_maintain();
     END IF;
     -- recover_from is kept while the log still holds events to deliver (the slot may not even
-    -- be made yet): only a log delivered, or never used, starts again from here.
+    -- be made yet): only a log delivered, or never used, starts again from here, and counts
+    -- its lag from here.
     UPDATE @extschema@.outbox_log_state AS s
        SET enabled = (mode = 'log'),
            recover_from = CASE WHEN mode = 'log' AND s.recover_from IS NULL
                                THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE s.recover_from END,
+           confirmed_at = CASE WHEN mode = 'log' AND s.recover_from IS NULL THEN clock_timestamp() ELSE s.confirmed_at END,
            table_since = CASE WHEN mode = 'table' AND s.enabled THEN pg_current_xact_id()
                               WHEN mode = 'table' THEN s.table_since END,
            logged_below = CASE WHEN mode = 'table' AND s.enabled THEN NULL ELSE s.logged_below END;
@@ -174,20 +289,6 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_set_mode(text) FROM PUBLIC;
-
--- The state of the log's slot: ready, missing (dropped, or a standby promoted) or lost
--- (invalidated by max_slot_wal_keep_size).
-CREATE OR REPLACE FUNCTION @extschema@.outbox_log_slot_state(slot name)
-RETURNS text
-LANGUAGE sql
-STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT coalesce((SELECT CASE WHEN r.wal_status = 'lost' THEN 'lost' ELSE 'ready' END
-                       FROM pg_replication_slots AS r WHERE r.slot_name = slot), 'missing')
-$$;
-
-REVOKE ALL ON FUNCTION @extschema@.outbox_log_slot_state(name) FROM PUBLIC;
 
 -- The relay's lease on reading the slot: one relay reads it at a time, so no two deliver the
 -- same event. fence is the lease this relay holds (0: none); the lease is renewed when it
@@ -213,14 +314,14 @@ BEGIN
         UPDATE @extschema@.outbox_log_state AS s
            SET reader_fence = CASE WHEN s.reader_fence = fence AND fence <> 0 THEN s.reader_fence ELSE s.reader_fence + 1 END,
                reader_until = clock_timestamp() + lease_ms * interval '1 millisecond',
-               recovering = s.recovering OR @extschema@.outbox_log_slot_state(s.slot) <> 'ready',
-               slot_made = CASE WHEN @extschema@.outbox_log_slot_state(s.slot) <> 'ready' THEN NULL ELSE s.slot_made END
+               recovering = s.recovering OR @extschema@.outbox_log_slot_state() <> 'ready',
+               slot_made = CASE WHEN @extschema@.outbox_log_slot_state() <> 'ready' THEN NULL ELSE s.slot_made END
          WHERE (s.enabled OR s.recover_from IS NOT NULL)
            AND ((s.reader_fence = fence AND fence <> 0) OR s.reader_until IS NULL OR s.reader_until < clock_timestamp())
         RETURNING s.reader_fence, s.slot, s.recovering)
     SELECT l.reader_fence, CASE WHEN t.state = 'ready' AND l.recovering THEN 'recovering' ELSE t.state END
       FROM leased AS l
-     CROSS JOIN LATERAL (SELECT @extschema@.outbox_log_slot_state(l.slot) AS state) AS t;
+     CROSS JOIN LATERAL (SELECT @extschema@.outbox_log_slot_state() AS state) AS t;
 END
 $$;
 
@@ -367,11 +468,11 @@ BEGIN
         RETURN true;
     END IF;
     -- Every transaction that wrote into the log is confirmed.
-    IF EXISTS (SELECT FROM pg_replication_slots AS r WHERE r.slot_name = state.slot) THEN
+    IF state.slot_ours AND EXISTS (SELECT FROM pg_replication_slots AS r WHERE r.slot_name = state.slot) THEN
         PERFORM pg_drop_replication_slot(state.slot);
     END IF;
     UPDATE @extschema@.outbox_log_state
-       SET recover_from = NULL, confirmed_lsn = NULL, confirmed_at = NULL, reader_until = NULL;
+       SET recover_from = NULL, confirmed_lsn = NULL, confirmed_at = NULL, reader_until = NULL, slot_ours = false;
     RETURN true;
 END
 $$;
@@ -402,18 +503,21 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    SELECT r.wal_status INTO status FROM pg_replication_slots AS r WHERE r.slot_name = state.slot;
-    IF FOUND AND status <> 'lost' THEN
+    status := @extschema@.outbox_log_slot_state();
+    IF status = 'foreign' THEN
+        RAISE EXCEPTION 'outbox_log_make_slot: a replication slot named % exists that the outbox did not make: the log is not read until it is dropped', state.slot
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Find out who made it and why; once it is dropped (SELECT pg_drop_replication_slot(%L)), the relay makes its own.', state.slot);
+    ELSIF status = 'ready' THEN
         RETURN false;
-    END IF;
-    IF FOUND THEN
+    ELSIF status = 'lost' THEN
         PERFORM pg_drop_replication_slot(state.slot);
     END IF;
     PERFORM pg_create_logical_replication_slot(state.slot, 'pgoutput');
     -- Until outbox_log_recover has run, whatever stops the relay now. This statement's snapshot
     -- is taken after the slot was made, so every transaction it does not see commits after the
     -- slot's consistent point.
-    UPDATE @extschema@.outbox_log_state SET recovering = true, slot_made = pg_current_snapshot();
+    UPDATE @extschema@.outbox_log_state SET recovering = true, slot_made = pg_current_snapshot(), slot_ours = true;
     RETURN true;
 END
 $$;
@@ -435,7 +539,8 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_make_slot(bigint) FROM PUBLIC;
 -- slot made again is not yet recovered (its first confirmation would move recover_from past
 -- the events that only outbox_log_recover copies).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read(fence bigint, max_changes integer)
-RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint, flushed_at bigint, endpoints_version bigint)
+RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint, flushed_at bigint, endpoints_version bigint,
+               log_relation bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -452,17 +557,19 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    PERFORM @extschema@.outbox_log_check_publication(state.publication);
     -- A stream that ended (outbox_log_read_start) may not have told the slot the position
     -- confirmed last: what was delivered up to it is not read again.
     IF state.confirmed_lsn > (SELECT r.confirmed_flush_lsn FROM pg_replication_slots AS r WHERE r.slot_name = state.slot) THEN
         PERFORM pg_replication_slot_advance(state.slot, state.confirmed_lsn);
     END IF;
     RETURN QUERY
-    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint
+    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint
       FROM pg_logical_slot_peek_binary_changes(state.slot, NULL, max_changes,
                                                'proto_version', '1', 'publication_names', state.publication) AS c;
     RETURN QUERY SELECT NULL::bigint, NULL::bytea, oldest, position, flushed,
-                        coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0);
+                        coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0),
+                        '@extschema@.outbox_log'::regclass::oid::bigint;
 END
 $$;
 
@@ -479,16 +586,18 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_read(bigint, integer) FROM PUBLIC;
 -- a relay that does not hold the lease, or while a slot made again is not yet recovered.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read_start(fence bigint)
 RETURNS TABLE (enabled boolean, slot name, publication name, confirmed bigint, xmin bigint, began_at bigint,
-               endpoints_version bigint, timezone text)
+               endpoints_version bigint, timezone text, log_relation bigint)
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT s.enabled, s.slot, s.publication, (s.confirmed_lsn - '0/0'::pg_lsn)::bigint,
            pg_snapshot_xmin(pg_current_snapshot())::text::bigint, (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint,
-           coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0), current_setting('TimeZone')
+           coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0), current_setting('TimeZone'),
+           '@extschema@.outbox_log'::regclass::oid::bigint
       FROM @extschema@.outbox_log_state AS s
      WHERE s.reader_fence = fence AND s.reader_until > clock_timestamp() AND NOT s.recovering
+       AND @extschema@.outbox_log_check_publication(s.publication)
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_read_start(bigint) FROM PUBLIC;
@@ -528,7 +637,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT s.slot,
-           @extschema@.outbox_log_slot_state(s.slot),
+           @extschema@.outbox_log_slot_state(),
            coalesce((pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint, 0),
            coalesce(extract(epoch FROM now() - s.confirmed_at)::double precision, 0)
       FROM @extschema@.outbox_log_state AS s
@@ -537,3 +646,36 @@ AS $$
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_lag() FROM PUBLIC;
+
+-- The events the log holds that no relay has read yet, per endpoint their topic is routed to,
+-- and the oldest of them: what outbox_endpoint_stats counts as pending beside the table path's
+-- deliveries, so that a log nobody reads shows. Counted only while the reading stalls (no
+-- confirmation for 10 seconds, or no slot of the outbox's to read): a relay that keeps up
+-- confirms after every read, at least at each poll, and a count would read every row of the
+-- log from recover_from on. Events of transactions from recover_from on that were confirmed
+-- before the stall are counted too: at most a read's worth.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_unread()
+RETURNS TABLE (endpoint text, unread bigint, oldest timestamptz)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state @extschema@.outbox_log_state;
+BEGIN
+    SELECT * INTO state FROM @extschema@.outbox_log_state AS s WHERE s.recover_from IS NOT NULL;
+    IF NOT FOUND OR (state.confirmed_at > clock_timestamp() - interval '10 seconds'
+                     AND @extschema@.outbox_log_slot_state() = 'ready') THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT e.name, count(*), min(l.created_at)
+      FROM @extschema@.outbox_log AS l
+      JOIN @extschema@.outbox_endpoints AS e ON e.topics && @extschema@.outbox_topic_patterns(l.topic)
+     WHERE l.xact >= state.recover_from
+     GROUP BY e.name;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_unread() FROM PUBLIC;

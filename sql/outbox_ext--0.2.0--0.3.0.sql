@@ -544,6 +544,49 @@ $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_relay_processes() FROM PUBLIC;
 
+-- What the server tells an `outbox relay` serving the extension's install, as it tells the
+-- relay workers: whether outbox.relay lets a relay serve this database, read as a session
+-- beginning now would read it (ALTER DATABASE … SET and ALTER ROLE … SET hold for the sessions
+-- that begin after them, and the relay's is older), and outbox.allowed_destinations, which only
+-- superusers may read. No row where no library defines them: the SQL install's relay obeys its
+-- own flags alone.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_relay_server_settings()
+RETURNS TABLE (serves boolean, allowed_destinations text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    relay pg_settings;
+    stored text;
+BEGIN
+    SELECT * INTO relay FROM pg_settings AS s WHERE s.name = 'outbox.relay' AND s.vartype = 'bool';
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- As a new session applies them: the role's setting in this database, the role's, the
+    -- database's; else the server's configuration.
+    SELECT substr(c.setting, length('outbox.relay=') + 1) INTO stored
+      FROM pg_db_role_setting AS s
+     CROSS JOIN LATERAL unnest(s.setconfig) AS c (setting)
+     WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
+       AND s.setrole IN (0, (SELECT r.oid FROM pg_roles AS r WHERE r.rolname = session_user))
+       AND (s.setdatabase <> 0 OR s.setrole <> 0)
+       AND c.setting LIKE 'outbox.relay=%'
+     ORDER BY s.setrole <> 0 DESC, s.setdatabase <> 0 DESC
+     LIMIT 1;
+    IF stored IS NULL AND relay.source IN ('database', 'user', 'database user') THEN
+        -- This session's value came from such a setting, since removed.
+        stored := coalesce((SELECT f.setting FROM pg_file_settings AS f
+                             WHERE f.name = 'outbox.relay' AND f.applied ORDER BY f.seqno DESC LIMIT 1), relay.boot_val);
+    END IF;
+    RETURN QUERY SELECT coalesce(stored, relay.setting)::boolean, current_setting('outbox.allowed_destinations');
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_relay_server_settings() FROM PUBLIC;
+
 -- The claim is one function, sql/claim.sql, which the relay's statement and outbox_claim both
 -- call: outbox_claim had a second copy of it.
 -- The claim: due deliveries of the endpoints of one kind ('webhook' for the relay, 'pull' for
@@ -1291,8 +1334,11 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_skip_dead(text, text, text, timestampt
 -- recovering: the slot was made again, and what it did not hold is not yet recovered.
 -- slot_made: a snapshot taken just after the slot was made. What it sees as committed is not in
 -- the slot and is recovered; what it does not see is in the slot, and only there.
+-- slot_ours: the slot of that name is the one outbox_log_make_slot made. Slot names are the
+-- cluster's and slots have no owner: one of that name that it did not make is refused.
 -- confirmed_at: when the relay last confirmed, which it does after each read (an empty one
--- too, so that the slot keeps no WAL of other tables' writes): the slot's lag in time.
+-- too, so that the slot keeps no WAL of other tables' writes), or when log mode was switched
+-- on with nothing in the log: the slot's lag in time, which grows while no relay reads it.
 -- table_since: the transaction that put the database back in table mode. A statement whose
 -- snapshot is older still sees log mode and may write into the log; once no such snapshot is
 -- left, logged_below is a transaction id above every one that wrote into the log. Once the
@@ -1310,6 +1356,7 @@ CREATE TABLE @extschema@.outbox_log_state (
     reader_until  timestamptz,
     recovering    boolean     NOT NULL DEFAULT false,
     slot_made     pg_snapshot,
+    slot_ours     boolean     NOT NULL DEFAULT false,
     confirmed_at  timestamptz,
     table_since   xid8,
     logged_below  xid8
@@ -1344,7 +1391,9 @@ CREATE TABLE @extschema@.outbox_log_default PARTITION OF @extschema@.outbox_log 
 -- delivered and its slot dropped, from logged_below on); empties the default partition the
 -- same way. Run by the relay with its retention and by outbox_set_mode. Returns
 -- how many partitions it made or dropped. A partition another session holds is left for the
--- next run (lock_timeout), so that an enqueue never waits behind this for long.
+-- next run (lock_timeout), so that an enqueue never waits behind this for long. One session
+-- maintains at a time, and another returns at once: two making the same partition, the later
+-- would find that it exists only once the first committed, and fail.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_maintain()
 RETURNS integer
 LANGUAGE plpgsql
@@ -1361,6 +1410,9 @@ DECLARE
     changed integer := 0;
     name text;
 BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('outbox_log_maintain ' || log::oid::text)) THEN
+        RETURN 0;
+    END IF;
     FOR ahead IN 0..5 LOOP
         name := 'outbox_log_' || to_char(hour + ahead * interval '1 hour', 'YYYYMMDD"h"HH24');
         CONTINUE WHEN to_regclass(format('%s.%I', schema, name)) IS NOT NULL;
@@ -1406,12 +1458,92 @@ $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_maintain() FROM PUBLIC;
 
+-- The state of the log's slot: ready; missing (dropped, or a standby promoted); lost
+-- (invalidated by max_slot_wal_keep_size); or foreign: a slot of that name that
+-- outbox_log_make_slot did not make (a role with REPLICATION can make one first), or not one
+-- of this database's that pgoutput decodes. A foreign slot is never read, made again or
+-- dropped: outbox_set_mode and outbox_log_make_slot refuse it.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_slot_state()
+RETURNS text
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN r.slot_name IS NULL THEN 'missing'
+                WHEN NOT s.slot_ours OR r.slot_type <> 'logical' OR r.plugin IS DISTINCT FROM 'pgoutput'
+                     OR r.database IS DISTINCT FROM current_database() THEN 'foreign'
+                WHEN r.wal_status = 'lost' THEN 'lost'
+                ELSE 'ready' END
+      FROM @extschema@.outbox_log_state AS s
+      LEFT JOIN pg_replication_slots AS r ON r.slot_name = s.slot
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_slot_state() FROM PUBLIC;
+
+-- Why the publication named publication is not the one the log is read through, or null when
+-- it is: owned by the owner of outbox_log, publishing the inserts into outbox_log alone, whole,
+-- as rows of outbox_log itself (not of its partitions). Anyone with CREATE on the database can
+-- make a publication of that name first, for a table of theirs: read through it, the rows they
+-- write would be sent as events, signed with the endpoints' secrets, and the real ones never.
+-- Null also when no such publication exists (outbox_set_mode makes it).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_publication_problem(publication name)
+RETURNS text
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+             WHEN p.pubowner <> log.relowner
+               THEN format('it is owned by %s, not by %s, the owner of %s', p.pubowner::regrole, log.relowner::regrole, log.oid::regclass)
+             WHEN p.puballtables OR EXISTS (SELECT FROM pg_publication_namespace AS n WHERE n.pnpubid = p.oid)
+               THEN 'it publishes tables other than ' || log.oid::regclass::text
+             WHEN NOT EXISTS (SELECT FROM pg_publication_rel AS r WHERE r.prpubid = p.oid AND r.prrelid = log.oid)
+               THEN 'it does not publish ' || log.oid::regclass::text
+             WHEN EXISTS (SELECT FROM pg_publication_rel AS r WHERE r.prpubid = p.oid AND r.prrelid <> log.oid)
+               THEN 'it publishes tables other than ' || log.oid::regclass::text
+             WHEN EXISTS (SELECT FROM pg_publication_rel AS r WHERE r.prpubid = p.oid AND (r.prqual IS NOT NULL OR r.prattrs IS NOT NULL))
+               THEN 'it publishes only some rows or columns of ' || log.oid::regclass::text
+             WHEN NOT p.pubinsert OR NOT p.pubviaroot
+               THEN 'it does not publish the inserts into ' || log.oid::regclass::text || ' as rows of that table'
+           END
+      FROM pg_publication AS p,
+           (SELECT c.oid, c.relowner FROM pg_class AS c WHERE c.oid = '@extschema@.outbox_log'::regclass) AS log
+     WHERE p.pubname = publication
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_publication_problem(name) FROM PUBLIC;
+
+-- Raises when the publication the log is read through is not the outbox's own (its owner
+-- dropped it and someone made another): read through it, the log's rows would be skipped and
+-- confirmed as read. True otherwise, for a reader's WHERE clause.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_check_publication(publication name)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    problem text := @extschema@.outbox_log_publication_problem(publication);
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'the publication % is not the outbox''s own: %; the log is not read through it', publication, problem
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Drop it (DROP PUBLICATION %I) and run outbox_set_mode(''log'') again, which makes the outbox''s own.', publication);
+    END IF;
+    RETURN true;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_check_publication(name) FROM PUBLIC;
+
 -- Puts this database in log mode ('log') or back in table mode ('table'), for the enqueues that
--- begin after this commits; returns the mode. Log mode needs wal_level = logical; it makes the
--- publication the slot is read through and the first partitions, and marks where the relay
--- starts: every event from here on, delivered from the slot once the relay has made it, and
--- from outbox_log before that. Back in table mode, the relay still delivers what the log holds,
--- then drops the slot (table_since, outbox_log_confirm).
+-- begin after this commits; returns the mode. Log mode needs wal_level = logical, and an owner
+-- that may make a replication slot; it makes the publication the slot is read through and the
+-- first partitions, and marks where the relay starts: every event from here on, delivered
+-- from the slot once the relay has made it, and from outbox_log before that. It refuses a
+-- publication or slot of the outbox's names that the outbox did not make. Back in table mode,
+-- the relay still delivers what the log holds, then drops the slot (table_since,
+-- outbox_log_confirm).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_set_mode(mode text)
 RETURNS text
 LANGUAGE plpgsql
@@ -1420,6 +1552,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     state @extschema@.outbox_log_state;
+    failure text;
+    code text;
 BEGIN
     IF mode IS NULL OR mode NOT IN ('table', 'log') THEN
         RAISE EXCEPTION 'outbox_set_mode: the mode is table or log, not %', coalesce(quote_literal(mode), 'null')
@@ -1431,19 +1565,43 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Set wal_level = logical and restart the server (on Amazon RDS: rds.logical_replication = 1; on Cloud SQL: cloudsql.logical_decoding = on).';
     END IF;
-    IF mode = 'log' AND NOT EXISTS (SELECT FROM pg_publication AS p WHERE p.pubname = state.publication) THEN
-        EXECUTE format('CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert'', publish_via_partition_root = true)',
-                       state.publication, '@extschema@.outbox_log'::regclass);
-    END IF;
     IF mode = 'log' THEN
+        PERFORM @extschema@.outbox_log_check_publication(state.publication);
+        CASE @extschema@.outbox_log_slot_state()
+        WHEN 'foreign' THEN
+            RAISE EXCEPTION 'outbox_set_mode: a replication slot named % exists that the outbox did not make', state.slot
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = format('Nothing was switched. Find out who made it and why; once it is dropped (SELECT pg_drop_replication_slot(%L)), the relay makes its own.', state.slot);
+        WHEN 'missing' THEN
+            -- The relay makes the slot as this function's owner (outbox_log_make_slot): find out
+            -- now whether it can, with a slot of its own that is gone again at once, rather than
+            -- switch to a log that nothing will read.
+            BEGIN
+                PERFORM pg_create_physical_replication_slot('outbox_trial_' || pg_backend_pid(), false, true);
+                PERFORM pg_drop_replication_slot('outbox_trial_' || pg_backend_pid());
+            EXCEPTION WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT, code = RETURNED_SQLSTATE;
+                RAISE EXCEPTION 'outbox_set_mode: log mode needs a replication slot, and the outbox''s owner % cannot make one: %', current_user, failure
+                    USING ERRCODE = code,
+                          HINT = format('Nothing was switched. Give the owner the REPLICATION attribute (ALTER ROLE %I REPLICATION; on Amazon RDS: GRANT rds_replication TO %I), or a free slot (max_replication_slots).', current_user, current_user);
+            END;
+        ELSE
+            NULL;
+        END CASE;
+        IF NOT EXISTS (SELECT FROM pg_publication AS p WHERE p.pubname = state.publication) THEN
+            EXECUTE format('CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert'', publish_via_partition_root = true)',
+                           state.publication, '@extschema@.outbox_log'::regclass);
+        END IF;
         PERFORM @extschema@.outbox_log_maintain();
     END IF;
     -- recover_from is kept while the log still holds events to deliver (the slot may not even
-    -- be made yet): only a log delivered, or never used, starts again from here.
+    -- be made yet): only a log delivered, or never used, starts again from here, and counts
+    -- its lag from here.
     UPDATE @extschema@.outbox_log_state AS s
        SET enabled = (mode = 'log'),
            recover_from = CASE WHEN mode = 'log' AND s.recover_from IS NULL
                                THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE s.recover_from END,
+           confirmed_at = CASE WHEN mode = 'log' AND s.recover_from IS NULL THEN clock_timestamp() ELSE s.confirmed_at END,
            table_since = CASE WHEN mode = 'table' AND s.enabled THEN pg_current_xact_id()
                               WHEN mode = 'table' THEN s.table_since END,
            logged_below = CASE WHEN mode = 'table' AND s.enabled THEN NULL ELSE s.logged_below END;
@@ -1452,20 +1610,6 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_set_mode(text) FROM PUBLIC;
-
--- The state of the log's slot: ready, missing (dropped, or a standby promoted) or lost
--- (invalidated by max_slot_wal_keep_size).
-CREATE OR REPLACE FUNCTION @extschema@.outbox_log_slot_state(slot name)
-RETURNS text
-LANGUAGE sql
-STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT coalesce((SELECT CASE WHEN r.wal_status = 'lost' THEN 'lost' ELSE 'ready' END
-                       FROM pg_replication_slots AS r WHERE r.slot_name = slot), 'missing')
-$$;
-
-REVOKE ALL ON FUNCTION @extschema@.outbox_log_slot_state(name) FROM PUBLIC;
 
 -- The relay's lease on reading the slot: one relay reads it at a time, so no two deliver the
 -- same event. fence is the lease this relay holds (0: none); the lease is renewed when it
@@ -1491,14 +1635,14 @@ BEGIN
         UPDATE @extschema@.outbox_log_state AS s
            SET reader_fence = CASE WHEN s.reader_fence = fence AND fence <> 0 THEN s.reader_fence ELSE s.reader_fence + 1 END,
                reader_until = clock_timestamp() + lease_ms * interval '1 millisecond',
-               recovering = s.recovering OR @extschema@.outbox_log_slot_state(s.slot) <> 'ready',
-               slot_made = CASE WHEN @extschema@.outbox_log_slot_state(s.slot) <> 'ready' THEN NULL ELSE s.slot_made END
+               recovering = s.recovering OR @extschema@.outbox_log_slot_state() <> 'ready',
+               slot_made = CASE WHEN @extschema@.outbox_log_slot_state() <> 'ready' THEN NULL ELSE s.slot_made END
          WHERE (s.enabled OR s.recover_from IS NOT NULL)
            AND ((s.reader_fence = fence AND fence <> 0) OR s.reader_until IS NULL OR s.reader_until < clock_timestamp())
         RETURNING s.reader_fence, s.slot, s.recovering)
     SELECT l.reader_fence, CASE WHEN t.state = 'ready' AND l.recovering THEN 'recovering' ELSE t.state END
       FROM leased AS l
-     CROSS JOIN LATERAL (SELECT @extschema@.outbox_log_slot_state(l.slot) AS state) AS t;
+     CROSS JOIN LATERAL (SELECT @extschema@.outbox_log_slot_state() AS state) AS t;
 END
 $$;
 
@@ -1645,11 +1789,11 @@ BEGIN
         RETURN true;
     END IF;
     -- Every transaction that wrote into the log is confirmed.
-    IF EXISTS (SELECT FROM pg_replication_slots AS r WHERE r.slot_name = state.slot) THEN
+    IF state.slot_ours AND EXISTS (SELECT FROM pg_replication_slots AS r WHERE r.slot_name = state.slot) THEN
         PERFORM pg_drop_replication_slot(state.slot);
     END IF;
     UPDATE @extschema@.outbox_log_state
-       SET recover_from = NULL, confirmed_lsn = NULL, confirmed_at = NULL, reader_until = NULL;
+       SET recover_from = NULL, confirmed_lsn = NULL, confirmed_at = NULL, reader_until = NULL, slot_ours = false;
     RETURN true;
 END
 $$;
@@ -1680,18 +1824,21 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    SELECT r.wal_status INTO status FROM pg_replication_slots AS r WHERE r.slot_name = state.slot;
-    IF FOUND AND status <> 'lost' THEN
+    status := @extschema@.outbox_log_slot_state();
+    IF status = 'foreign' THEN
+        RAISE EXCEPTION 'outbox_log_make_slot: a replication slot named % exists that the outbox did not make: the log is not read until it is dropped', state.slot
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Find out who made it and why; once it is dropped (SELECT pg_drop_replication_slot(%L)), the relay makes its own.', state.slot);
+    ELSIF status = 'ready' THEN
         RETURN false;
-    END IF;
-    IF FOUND THEN
+    ELSIF status = 'lost' THEN
         PERFORM pg_drop_replication_slot(state.slot);
     END IF;
     PERFORM pg_create_logical_replication_slot(state.slot, 'pgoutput');
     -- Until outbox_log_recover has run, whatever stops the relay now. This statement's snapshot
     -- is taken after the slot was made, so every transaction it does not see commits after the
     -- slot's consistent point.
-    UPDATE @extschema@.outbox_log_state SET recovering = true, slot_made = pg_current_snapshot();
+    UPDATE @extschema@.outbox_log_state SET recovering = true, slot_made = pg_current_snapshot(), slot_ours = true;
     RETURN true;
 END
 $$;
@@ -1713,7 +1860,8 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_make_slot(bigint) FROM PUBLIC;
 -- slot made again is not yet recovered (its first confirmation would move recover_from past
 -- the events that only outbox_log_recover copies).
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read(fence bigint, max_changes integer)
-RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint, flushed_at bigint, endpoints_version bigint)
+RETURNS TABLE (lsn bigint, data bytea, xmin bigint, began_at bigint, flushed_at bigint, endpoints_version bigint,
+               log_relation bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1730,17 +1878,19 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    PERFORM @extschema@.outbox_log_check_publication(state.publication);
     -- A stream that ended (outbox_log_read_start) may not have told the slot the position
     -- confirmed last: what was delivered up to it is not read again.
     IF state.confirmed_lsn > (SELECT r.confirmed_flush_lsn FROM pg_replication_slots AS r WHERE r.slot_name = state.slot) THEN
         PERFORM pg_replication_slot_advance(state.slot, state.confirmed_lsn);
     END IF;
     RETURN QUERY
-    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint
+    SELECT (c.lsn - '0/0'::pg_lsn)::bigint, c.data, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint
       FROM pg_logical_slot_peek_binary_changes(state.slot, NULL, max_changes,
                                                'proto_version', '1', 'publication_names', state.publication) AS c;
     RETURN QUERY SELECT NULL::bigint, NULL::bytea, oldest, position, flushed,
-                        coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0);
+                        coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0),
+                        '@extschema@.outbox_log'::regclass::oid::bigint;
 END
 $$;
 
@@ -1757,16 +1907,18 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_read(bigint, integer) FROM PUBLIC;
 -- a relay that does not hold the lease, or while a slot made again is not yet recovered.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_read_start(fence bigint)
 RETURNS TABLE (enabled boolean, slot name, publication name, confirmed bigint, xmin bigint, began_at bigint,
-               endpoints_version bigint, timezone text)
+               endpoints_version bigint, timezone text, log_relation bigint)
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT s.enabled, s.slot, s.publication, (s.confirmed_lsn - '0/0'::pg_lsn)::bigint,
            pg_snapshot_xmin(pg_current_snapshot())::text::bigint, (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint,
-           coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0), current_setting('TimeZone')
+           coalesce((SELECT v.version FROM @extschema@.outbox_endpoints_version AS v), 0), current_setting('TimeZone'),
+           '@extschema@.outbox_log'::regclass::oid::bigint
       FROM @extschema@.outbox_log_state AS s
      WHERE s.reader_fence = fence AND s.reader_until > clock_timestamp() AND NOT s.recovering
+       AND @extschema@.outbox_log_check_publication(s.publication)
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_read_start(bigint) FROM PUBLIC;
@@ -1806,7 +1958,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT s.slot,
-           @extschema@.outbox_log_slot_state(s.slot),
+           @extschema@.outbox_log_slot_state(),
            coalesce((pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint, 0),
            coalesce(extract(epoch FROM now() - s.confirmed_at)::double precision, 0)
       FROM @extschema@.outbox_log_state AS s
@@ -1815,3 +1967,289 @@ AS $$
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_log_lag() FROM PUBLIC;
+
+-- The events the log holds that no relay has read yet, per endpoint their topic is routed to,
+-- and the oldest of them: what outbox_endpoint_stats counts as pending beside the table path's
+-- deliveries, so that a log nobody reads shows. Counted only while the reading stalls (no
+-- confirmation for 10 seconds, or no slot of the outbox's to read): a relay that keeps up
+-- confirms after every read, at least at each poll, and a count would read every row of the
+-- log from recover_from on. Events of transactions from recover_from on that were confirmed
+-- before the stall are counted too: at most a read's worth.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_log_unread()
+RETURNS TABLE (endpoint text, unread bigint, oldest timestamptz)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    state @extschema@.outbox_log_state;
+BEGIN
+    SELECT * INTO state FROM @extschema@.outbox_log_state AS s WHERE s.recover_from IS NOT NULL;
+    IF NOT FOUND OR (state.confirmed_at > clock_timestamp() - interval '10 seconds'
+                     AND @extschema@.outbox_log_slot_state() = 'ready') THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT e.name, count(*), min(l.created_at)
+      FROM @extschema@.outbox_log AS l
+      JOIN @extschema@.outbox_endpoints AS e ON e.topics && @extschema@.outbox_topic_patterns(l.topic)
+     WHERE l.xact >= state.recover_from
+     GROUP BY e.name;
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_log_unread() FROM PUBLIC;
+
+-- The endpoints' stats count the events a stalled log holds unread as pending.
+-- The user-facing functions. A fresh install runs this file last; the update from 0.1.0
+-- includes it, so CREATE OR REPLACE throughout.
+--
+-- Privileges: every function below runs as the extension's owner (SECURITY DEFINER) with
+-- search_path pinned to pg_catalog, so a role needs nothing but EXECUTE on a function to use
+-- it, can do nothing through it but what it says, and nothing that role (or anyone) created
+-- can run inside it. EXECUTE is granted to nobody by default: see the GRANT recipes of docs/security.md.
+
+-- The patterns that match a topic: '*', the topic itself, and 'prefix.*' at each dot
+-- ('order.a.b' gives {*, order.a.b, order.*, order.a.*}). An endpoint is subscribed to an
+-- event when its topics share one with them (&&): one array comparison per endpoint, the
+-- patterns computed once per event. outbox_enqueue calls it under its caller's search_path,
+-- so it names every operator and function by schema. Declared STABLE, though it is
+-- immutable: an immutable call on a parameter is folded into each custom plan, which made
+-- the planner prefer planning outbox_enqueue's statement again on every call.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_topic_patterns(topic text)
+RETURNS text[]
+LANGUAGE plpgsql
+STABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    patterns pg_catalog.text[] := ARRAY['*', topic];
+    upto pg_catalog.int4 := 0;
+    dot pg_catalog.int4;
+BEGIN
+    LOOP
+        dot := pg_catalog.strpos(pg_catalog.substr(topic, upto OPERATOR(pg_catalog.+) 1), '.');
+        EXIT WHEN dot OPERATOR(pg_catalog.=) 0;
+        upto := upto OPERATOR(pg_catalog.+) dot;
+        patterns := patterns OPERATOR(pg_catalog.||) (pg_catalog.left(topic, upto) OPERATOR(pg_catalog.||) '*');
+    END LOOP;
+    RETURN patterns;
+END
+$$;
+
+-- For consumers: call in the transaction that applies the event. True the first time this
+-- consumer sees the id; false for a duplicate, whose effect the caller then skips.
+-- PL/pgSQL, not SQL: a consumer calls it for every job, and PL/pgSQL keeps the INSERT's plan
+-- for the session where a SQL function is planned again on each call.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_mark_processed(event_id bigint, consumer text DEFAULT 'default')
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF event_id IS NULL OR consumer IS NULL THEN
+        RAISE EXCEPTION 'outbox_mark_processed: event_id and consumer must not be null'
+              USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    INSERT INTO @extschema@.processed_events (consumer, event_id)
+    VALUES (outbox_mark_processed.consumer, outbox_mark_processed.event_id)
+    ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+
+-- Puts the dead (or pending) deliveries of an event back in the queue with a fresh attempt
+-- budget: to one endpoint, or to all of them when endpoint is null. Returns how many. On an
+-- ordered endpoint, a dead head is retried at once, still ahead of its key; any other
+-- delivery with a key waits for its turn again (by event id). Sent
+-- deliveries are left alone (outbox_replay sends those again), and so is one a worker holds
+-- right now (claimed, lease running, no failure recorded yet): its request may be in flight.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_requeue(event_id bigint, endpoint text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    how_many integer;
+BEGIN
+    IF $2 IS NOT NULL AND NOT EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.name = $2) THEN
+        RAISE EXCEPTION 'outbox_requeue: endpoint % does not exist', quote_literal($2)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH requeued AS (
+        UPDATE @extschema@.outbox_deliveries AS d
+           SET dead_at = NULL, attempts = 0, available_at = now(), claimed_by = NULL,
+               waiting = @extschema@.outbox_waits_for_key(d.endpoint, d.key, d.event_id)
+         WHERE d.event_id = $1
+           AND ($2 IS NULL OR d.endpoint = $2)
+           AND d.sent_at IS NULL
+           AND NOT (d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now())
+        RETURNING d.endpoint, d.key, d.waiting
+    ), arrived AS (
+        INSERT INTO @extschema@.outbox_key_arrivals (endpoint, key)
+        SELECT requeued.endpoint, requeued.key FROM requeued WHERE requeued.waiting
+    )
+    SELECT count(*)::integer INTO how_many FROM requeued;
+    RETURN how_many;
+END
+$$;
+
+-- Delivers again every retained event created in [since, until) whose topic the endpoint
+-- matches, sent or not: how a new endpoint back-fills and how one recovers after an incident.
+-- Returns the number of deliveries created or reset (one a worker holds right now is left to
+-- its claim). On an ordered endpoint they wait for their keys' turns, in event-id order.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_replay(endpoint text, since timestamptz, until timestamptz DEFAULT now())
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    patterns text[];
+    is_ordered boolean;
+    replayed bigint;
+BEGIN
+    IF since IS NULL OR until IS NULL THEN
+        RAISE EXCEPTION 'outbox_replay: since and until must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    -- The table before the endpoint's row, as outbox_endpoint_set and _drop take them: a drop
+    -- of the endpoint, or a change of its ordering, that is in progress finishes first and
+    -- none starts before this commits, so the replay writes what the endpoint is now.
+    LOCK TABLE @extschema@.outbox_deliveries IN ROW EXCLUSIVE MODE;
+    SELECT e.topics, e.ordered INTO patterns, is_ordered
+      FROM @extschema@.outbox_endpoints AS e
+     WHERE e.name = outbox_replay.endpoint
+       FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'outbox_replay: endpoint % does not exist', quote_nullable(outbox_replay.endpoint)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Each event is locked (FOR KEY SHARE) before its delivery is written: retention skips an
+    -- event so locked, and deletes one only once it sees every delivery of it
+    -- (sql/delete_expired.sql).
+    WITH replayed AS (
+        INSERT INTO @extschema@.outbox_deliveries AS d (event_id, endpoint, key, waiting)
+        SELECT o.id, outbox_replay.endpoint, CASE WHEN is_ordered THEN o.key END, is_ordered AND o.key IS NOT NULL
+          FROM @extschema@.outbox AS o
+         WHERE o.created_at >= since AND o.created_at < until
+           AND patterns OPERATOR(pg_catalog.&&) @extschema@.outbox_topic_patterns(o.topic)
+           FOR KEY SHARE OF o
+        ON CONFLICT ON CONSTRAINT outbox_deliveries_pkey DO UPDATE
+           SET sent_at = NULL, dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL, claimed_by = NULL,
+               key = excluded.key, waiting = @extschema@.outbox_waits_for_key(d.endpoint, excluded.key, d.event_id)
+         WHERE NOT (d.sent_at IS NULL AND d.dead_at IS NULL AND d.claimed_by IS NOT NULL AND d.available_at > now())
+        RETURNING d.event_id, d.key, d.waiting
+    ), arrived AS (
+        INSERT INTO @extschema@.outbox_key_arrivals (endpoint, key)
+        SELECT DISTINCT outbox_replay.endpoint, replayed.key FROM replayed WHERE replayed.waiting
+    ), routed AS (
+        -- The events this statement gave a delivery, not those a later snapshot would match.
+        DELETE FROM @extschema@.outbox_unrouted AS u
+         USING replayed
+         WHERE u.event_id = replayed.event_id
+    )
+    SELECT count(*) INTO replayed FROM replayed;
+    RETURN replayed;
+END
+$$;
+
+-- Per endpoint: how many of its deliveries are pending (due now), waiting (leased, backing
+-- off, scheduled, behind their key on an ordered endpoint, or the endpoint is disabled) and
+-- dead, how many keys a dead head blocks, how long the oldest due one has waited, and its
+-- health. Read from the pending, waiting and dead indexes, never the sent history. In log
+-- mode, the events routed to it that the log holds unread while its reading stalls
+-- (outbox_log_unread) are pending too.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_endpoint_stats(
+    OUT endpoint text,
+    OUT pending bigint,
+    OUT waiting bigint,
+    OUT dead bigint,
+    OUT oldest_pending_age interval,
+    OUT failing_since timestamptz,
+    OUT disabled_at timestamptz,
+    OUT blocked_keys bigint)
+RETURNS SETOF record
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH queued AS (
+        SELECT d.endpoint,
+               count(*) FILTER (WHERE d.available_at <= now()) AS due,
+               count(*) FILTER (WHERE d.available_at > now()) AS later,
+               min(d.available_at) FILTER (WHERE d.available_at <= now()) AS oldest_due,
+               -- Heads of ordered keys (the one delivery of a key not waiting), never attempted,
+               -- that are not due for more than an hour: a far deliver_at holds the key.
+               count(*) FILTER (WHERE d.key IS NOT NULL AND d.attempts = 0 AND d.claimed_by IS NULL
+                                  AND d.available_at > now() + interval '1 hour') AS far_heads
+          FROM @extschema@.outbox_deliveries AS d
+         WHERE d.sent_at IS NULL AND d.dead_at IS NULL AND NOT d.waiting
+         GROUP BY d.endpoint
+    ), behind AS (
+        SELECT d.endpoint, count(*) AS behind
+          FROM @extschema@.outbox_deliveries AS d
+         WHERE d.waiting
+         GROUP BY d.endpoint
+    ), dead AS (
+        SELECT d.endpoint,
+               count(*) AS dead,
+               count(*) FILTER (WHERE EXISTS (SELECT FROM @extschema@.outbox_keys AS k
+                                               WHERE k.endpoint = d.endpoint AND k.key = d.key
+                                                 AND k.head = d.event_id)) AS blocked_keys
+          FROM @extschema@.outbox_deliveries AS d
+         WHERE d.dead_at IS NOT NULL
+         GROUP BY d.endpoint
+    ), unread AS (
+        SELECT u.endpoint, u.unread, u.oldest FROM @extschema@.outbox_log_unread() AS u
+    )
+    SELECT e.name,
+           CASE WHEN e.disabled_at IS NULL THEN coalesce(q.due, 0) + coalesce(u.unread, 0) ELSE 0 END,
+           coalesce(b.behind, 0)
+             + CASE WHEN e.disabled_at IS NULL THEN coalesce(q.later, 0)
+                    ELSE coalesce(q.due, 0) + coalesce(q.later, 0) + coalesce(u.unread, 0) END,
+           coalesce(x.dead, 0),
+           CASE WHEN e.disabled_at IS NULL THEN now() - least(q.oldest_due, u.oldest) END,
+           e.failing_since,
+           e.disabled_at,
+           coalesce(x.blocked_keys, 0) + coalesce(q.far_heads, 0)
+      FROM @extschema@.outbox_endpoints AS e
+      LEFT JOIN queued AS q ON q.endpoint = e.name
+      LEFT JOIN behind AS b ON b.endpoint = e.name
+      LEFT JOIN dead AS x ON x.endpoint = e.name
+      LEFT JOIN unread AS u ON u.endpoint = e.name
+     ORDER BY e.name
+$$;
+
+-- The numbers an alert watches, over all endpoints: outbox_endpoint_stats() summed, with the
+-- deliveries acknowledged so far (counted as they were recorded) and the unrouted events.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_stats(
+    OUT pending bigint,
+    OUT waiting bigint,
+    OUT sent bigint,
+    OUT dead bigint,
+    OUT unrouted bigint,
+    OUT oldest_pending_age interval)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(sum(s.pending), 0)::bigint,
+           coalesce(sum(s.waiting), 0)::bigint,
+           (SELECT coalesce(sum(c.sent), 0)::bigint FROM @extschema@.outbox_delivery_counts AS c),
+           coalesce(sum(s.dead), 0)::bigint,
+           (SELECT count(*) FROM @extschema@.outbox_unrouted),
+           max(s.oldest_pending_age)
+      FROM @extschema@.outbox_endpoint_stats() AS s
+$$;
+
+-- PostgreSQL lets PUBLIC execute every new function; take that back.
+REVOKE ALL ON FUNCTION @extschema@.outbox_topic_patterns(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_mark_processed(bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_requeue(bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_replay(text, timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_stats() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_endpoint_stats() FROM PUBLIC;

@@ -41,3 +41,46 @@ AS $$
 $$;
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_relay_processes() FROM PUBLIC;
+
+-- What the server tells an `outbox relay` serving the extension's install, as it tells the
+-- relay workers: whether outbox.relay lets a relay serve this database, read as a session
+-- beginning now would read it (ALTER DATABASE … SET and ALTER ROLE … SET hold for the sessions
+-- that begin after them, and the relay's is older), and outbox.allowed_destinations, which only
+-- superusers may read. No row where no library defines them: the SQL install's relay obeys its
+-- own flags alone.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_relay_server_settings()
+RETURNS TABLE (serves boolean, allowed_destinations text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    relay pg_settings;
+    stored text;
+BEGIN
+    SELECT * INTO relay FROM pg_settings AS s WHERE s.name = 'outbox.relay' AND s.vartype = 'bool';
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- As a new session applies them: the role's setting in this database, the role's, the
+    -- database's; else the server's configuration.
+    SELECT substr(c.setting, length('outbox.relay=') + 1) INTO stored
+      FROM pg_db_role_setting AS s
+     CROSS JOIN LATERAL unnest(s.setconfig) AS c (setting)
+     WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
+       AND s.setrole IN (0, (SELECT r.oid FROM pg_roles AS r WHERE r.rolname = session_user))
+       AND (s.setdatabase <> 0 OR s.setrole <> 0)
+       AND c.setting LIKE 'outbox.relay=%'
+     ORDER BY s.setrole <> 0 DESC, s.setdatabase <> 0 DESC
+     LIMIT 1;
+    IF stored IS NULL AND relay.source IN ('database', 'user', 'database user') THEN
+        -- This session's value came from such a setting, since removed.
+        stored := coalesce((SELECT f.setting FROM pg_file_settings AS f
+                             WHERE f.name = 'outbox.relay' AND f.applied ORDER BY f.seqno DESC LIMIT 1), relay.boot_val);
+    END IF;
+    RETURN QUERY SELECT coalesce(stored, relay.setting)::boolean, current_setting('outbox.allowed_destinations');
+END
+$$;
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_relay_server_settings() FROM PUBLIC;

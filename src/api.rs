@@ -255,12 +255,16 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
             let statements = cached.as_ref().expect("prepared above");
             // Each statement reads the mode itself and writes nothing in the other; the table
             // takes the event whatever the mode once the log did not.
-            let first_id = |inserted: Result<pgrx::spi::SpiTupleTable, _>| -> Option<i64> {
+            // The id, and whether an outbox relay listens for the commit (a schema from before
+            // log mode has none).
+            let first_id = |inserted: Result<pgrx::spi::SpiTupleTable, _>| -> Option<(i64, bool)> {
                 let rows = inserted.unwrap_or_else(|e| fail("insert failed", e));
                 if rows.is_empty() {
                     return None;
                 }
-                rows.first().get::<i64>(1).unwrap_or_else(|e| fail("insert failed", e))
+                let row = rows.first();
+                let id = row.get::<i64>(1).unwrap_or_else(|e| fail("insert failed", e))?;
+                Some((id, row.get::<bool>(2).ok().flatten() == Some(true)))
             };
             let into_table = |client: &mut SpiClient<'_>, whatever_the_mode: bool| {
                 let args = [topic.into(), payload.into(), key.into(), deliver_at.into(), whatever_the_mode.into()];
@@ -271,13 +275,16 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
                 first_id(client.update(logged, None, &[topic.into(), payload.into(), key.into(), deliver_at.into()]))
             };
             let first_try = if LAST_LOGGED.get() {
-                into_log(client).map(|id| (id, true))
+                into_log(client).map(|inserted| (inserted, true))
             } else {
-                into_table(client, false).map(|id| (id, false)).or_else(|| into_log(client).map(|id| (id, true)))
+                into_table(client, false).map(|inserted| (inserted, false)).or_else(|| into_log(client).map(|inserted| (inserted, true)))
             };
-            let (id, logged) = first_try
+            let ((id, relay_listens), logged) = first_try
                 .unwrap_or_else(|| (into_table(client, true).unwrap_or_else(|| error!("outbox_enqueue: insert returned no id")), false));
             LAST_LOGGED.set(logged);
+            if relay_listens {
+                notify_relays();
+            }
             if logged {
                 // Log mode: the relay routes the event when it reads it from the slot.
                 return (id, true);
@@ -322,6 +329,16 @@ fn insert_event(topic: &str, payload: JsonbArg, key: Option<&str>, deliver_at: O
             (id, false)
         })
     })
+}
+
+/// Wakes the `outbox relay` processes that listen (cli/src/wake.rs) when the transaction
+/// commits, as the SQL install's outbox_enqueue does: they cannot be woken through shared
+/// memory as the workers are. A notification repeated in a transaction is sent once.
+fn notify_relays() {
+    // SAFETY: pg_notify(text, text), called with two text datums, as SQL would call it.
+    unsafe {
+        pgrx::fcinfo::direct_function_call_as_datum(pg_sys::pg_notify, &["outbox_enqueued".into_datum(), "".into_datum()]);
+    }
 }
 
 /// Whether the caller's transaction reads from one snapshot (REPEATABLE READ or SERIALIZABLE):

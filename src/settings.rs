@@ -276,6 +276,7 @@ pub fn read() -> Settings {
         endpoint_disable_after: seconds(ENDPOINT_DISABLE_AFTER_S.get()),
         dead_retention: seconds(DEAD_RETENTION_S.get()),
         allowed_destinations: string_value(&ALLOWED_DESTINATIONS),
+        server_allowed_destinations: None,
         max_requests_in_flight: MAX_REQUESTS_IN_FLIGHT.get() as usize,
         max_bytes_in_flight: MAX_BYTES_IN_FLIGHT.get() as usize,
     }

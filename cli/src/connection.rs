@@ -65,6 +65,9 @@ pub struct Outbox {
     /// were made for (dropping and installing the outbox again gives a new one, and the same
     /// ids other events).
     pub deliveries: u32,
+    /// The extension's install (else the SQL install), whose server settings the relay obeys
+    /// as the workers do (crate::server_settings).
+    pub extension: bool,
 }
 
 impl Outbox {
@@ -116,7 +119,7 @@ pub fn find_extension(client: &mut Client) -> Result<Option<(String, String)>, p
 pub fn find_outbox(client: &mut Client, schema: &str) -> Result<Option<Outbox>, postgres::Error> {
     if let Some(row) = client.query_typed_opt(FIND_EXTENSION, &[])? {
         let name: String = row.get(0);
-        return Ok(Some(Outbox { schema: quote_ident(client, &name)?, version: row.get(1), deliveries: row.get(4) }));
+        return Ok(Some(Outbox { schema: quote_ident(client, &name)?, version: row.get(1), deliveries: row.get(4), extension: true }));
     }
     let schema = quote_ident(client, schema)?;
     let Some(version) = crate::migrate::applied_version(client, &schema)? else {
@@ -125,7 +128,7 @@ pub fn find_outbox(client: &mut Client, schema: &str) -> Result<Option<Outbox>, 
     let deliveries: Option<u32> = client
         .query_typed_one("SELECT pg_catalog.to_regclass($1)::pg_catalog.oid", &[(&format!("{schema}.outbox_deliveries"), Type::TEXT)])?
         .get(0);
-    Ok(Some(Outbox { schema, version, deliveries: deliveries.unwrap_or(0) }))
+    Ok(Some(Outbox { schema, version, deliveries: deliveries.unwrap_or(0), extension: false }))
 }
 
 pub fn quote_ident(client: &mut Client, name: &str) -> Result<String, postgres::Error> {
@@ -137,7 +140,7 @@ mod tests {
     use super::*;
 
     fn outbox(version: &str) -> Outbox {
-        Outbox { schema: "public".into(), version: version.into(), deliveries: 1 }
+        Outbox { schema: "public".into(), version: version.into(), deliveries: 1, extension: false }
     }
 
     #[test]

@@ -25,6 +25,7 @@ mod queue;
 mod relay;
 mod replication;
 mod script;
+mod server_settings;
 mod tls;
 mod wake;
 

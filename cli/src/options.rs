@@ -115,6 +115,7 @@ impl RelayOptions {
             endpoint_disable_after: never_if_zero(self.endpoint_disable_after),
             dead_retention: never_if_zero(self.dead_retention),
             allowed_destinations: self.allowed_destinations.clone(),
+            server_allowed_destinations: None,
             max_requests_in_flight: self.max_requests_in_flight,
             max_bytes_in_flight: self.max_bytes_in_flight.max(1024 * 1024),
         }

@@ -14,6 +14,7 @@ use crate::connection::{connect, error_text, find_outbox, Outbox};
 use crate::log_stream::{SlotToStream, StreamSignal, StreamedLog};
 use crate::metrics::{say, Metrics};
 use crate::presence::Presence;
+use crate::server_settings::{self, ServerSettings};
 use outbox_core::endpoints::EndpointRow;
 use outbox_core::log::batch::Deferrals;
 use outbox_core::log::routes::TopicRoute;
@@ -66,6 +67,9 @@ pub struct ClientQueue {
     metrics: Arc<Metrics>,
     /// Log mode: the slot streamed, while it can be.
     log_stream: StreamedLog,
+    /// What the server said of this relay when it started (the extension's install): looked
+    /// at again at every poll, and the loop ends when it changed (crate::relay starts it again).
+    server: Option<ServerSettings>,
 }
 
 impl ClientQueue {
@@ -127,7 +131,14 @@ impl ClientQueue {
             presence,
             metrics,
             log_stream: StreamedLog::new(url, log_streamed),
+            server: None,
         }
+    }
+
+    /// The queue of a relay that started under `server`, what the server said of it.
+    pub fn obeying(mut self, server: Option<ServerSettings>) -> ClientQueue {
+        self.server = server;
+        self
     }
 
     /// Runs `body` in a transaction with the relay's settings and commits it. On an error the
@@ -183,6 +194,7 @@ impl ClientQueue {
             began_at: last.get(2),
             flushed_at: last.get(3),
             endpoints_version: last.get(4),
+            log_relation: last.get::<_, i64>(5) as u32,
         }))
     }
 
@@ -245,7 +257,11 @@ fn endpoints_version(client: &mut Client, statements: &Statements) -> Result<i64
 
 impl Queue for ClientQueue {
     fn load_endpoints(&mut self, disable_after: Option<Duration>) -> Result<EndpointsRead, QueueError> {
-        self.transaction(|client, statements| {
+        // At every poll: outbox.relay turned off, or allowed_destinations changed, ends the
+        // loop; crate::relay waits while it is off, and starts again under the new settings.
+        let outbox = self.outbox.clone();
+        let (server, read) = self.transaction(|client, statements| {
+            let server = server_settings::read(client, &outbox)?;
             // Read first: a change after this makes the next claim see a newer version.
             let version = endpoints_version(client, statements)?;
             let mut disabled = Vec::new();
@@ -270,8 +286,16 @@ impl Queue for ClientQueue {
                     ordered: row.get::<_, Option<bool>>(8).unwrap_or(false),
                 });
             }
-            Ok(EndpointsRead { disabled, endpoints, version })
-        })
+            Ok((server, EndpointsRead { disabled, endpoints, version }))
+        })?;
+        if server != self.server {
+            match server.as_ref().and_then(ServerSettings::refusal) {
+                Some(refusal) => say(Level::Log, &refusal),
+                None => say(Level::Log, "the server's outbox.allowed_destinations changed: starting again under it"),
+            }
+            return Err(QueueError::Gone);
+        }
+        Ok(read)
     }
 
     fn claim_batch(&mut self, claim: &ClaimArguments, version: i64) -> Result<Option<Vec<ClaimedRow>>, QueueError> {
@@ -436,8 +460,9 @@ impl Queue for ClientQueue {
             // is delivered; not before the reads on their way are confirmed through the stream,
             // since the slot would hand them out again.
             if after != 0 {
-                let (oldest, began_at, endpoints_version) = (start.get(4), start.get(5), start.get(6));
-                return Ok(Some(LogRows { messages: Vec::new(), oldest, began_at, flushed_at: 0, endpoints_version }));
+                let (oldest, began_at, endpoints_version, log_relation) =
+                    (start.get(4), start.get(5), start.get(6), start.get::<_, i64>(8) as u32);
+                return Ok(Some(LogRows { messages: Vec::new(), oldest, began_at, flushed_at: 0, endpoints_version, log_relation }));
             }
             self.log_stream.stop();
             return self.log_read_slot(fence, max_changes);
@@ -448,13 +473,13 @@ impl Queue for ClientQueue {
             from: start.get::<_, Option<i64>>(3).unwrap_or(0) as u64,
             timezone: start.get(7),
         };
-        let (oldest, began_at, endpoints_version) = (start.get(4), start.get(5), start.get(6));
+        let (oldest, began_at, endpoints_version, log_relation) = (start.get(4), start.get(5), start.get(6), start.get::<_, i64>(8) as u32);
         match self.log_stream.read(fence, &slot, max_changes as usize, after, |text| say(Level::Warning, text)) {
             None => self.log_read_slot(fence, max_changes),
             Some(Err(reason)) => Err(QueueError::Failed(reason)),
             Some(Ok(read)) => {
                 let flushed_at = read.idle_at.unwrap_or(0) as i64;
-                Ok(Some(LogRows { messages: read.messages, oldest, began_at, flushed_at, endpoints_version }))
+                Ok(Some(LogRows { messages: read.messages, oldest, began_at, flushed_at, endpoints_version, log_relation }))
             }
         }
     }

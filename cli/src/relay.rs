@@ -13,6 +13,7 @@ use crate::metrics::{say, Metrics, ProcessReport};
 use crate::options::RelayOptions;
 use crate::presence::{self, Presence};
 use crate::queue::ClientQueue;
+use crate::server_settings::{self, ServerSettings};
 use crate::wake::ProcessWake;
 
 /// Why the relay could not run.
@@ -27,7 +28,7 @@ pub enum RelayError {
 }
 
 pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
-    let settings = options.settings();
+    let own_settings = options.settings();
     let metrics = Arc::new(Metrics::default());
     if let Some(address) = &options.metrics {
         crate::health::serve(address, metrics.clone()).map_err(RelayError::Setup)?;
@@ -36,20 +37,22 @@ pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
         ProcessWake::new(options.listen_url.as_deref()).map_err(|e| RelayError::Setup(format!("cannot wait for signals: {e}")))?;
     let (url, schema) = (&options.database.database_url, &options.database.schema);
     loop {
-        let Some((mut client, outbox)) = wait_for_outbox(url, schema, &mut wake, &metrics, settings.poll_interval)? else {
+        let Some((mut client, outbox, server)) = wait_for_outbox(url, schema, &mut wake, &metrics, own_settings.poll_interval)? else {
             return Ok(());
         };
+        let mut settings = own_settings.clone();
+        settings.server_allowed_destinations = server.as_ref().map(|server| server.allowed_destinations.clone());
         let presence = match Presence::register(&mut client, &outbox, wake.wants_notifications.clone(), wake.unheard.clone()) {
             Ok(presence) => presence,
             Err(e) => {
                 say(Level::Warning, &format!("cannot record this relay in outbox_relays: {}", error_text(&e)));
-                wake.wait(-1, settings.poll_interval.max(Duration::from_secs(1)));
+                wake.wait(-1, own_settings.poll_interval.max(Duration::from_secs(1)));
                 continue;
             }
         };
         let (id, quoted_schema) = (presence.id, outbox.schema.clone());
         say(Level::Log, &format!("relay {id} delivering from the outbox in schema {} (version {})", outbox.schema, outbox.version));
-        let queue = ClientQueue::new(url, client, outbox, schema, presence, metrics.clone(), wake.log_streamed.clone());
+        let queue = ClientQueue::new(url, client, outbox, schema, presence, metrics.clone(), wake.log_streamed.clone()).obeying(server);
         let report = ProcessReport { metrics: metrics.clone() };
         let relay = Relay::new(queue, &mut wake, report, settings.clone(), true).map_err(|e| RelayError::Setup(e.to_string()))?;
         match relay.run() {
@@ -69,15 +72,16 @@ pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
     }
 }
 
-/// Connects and finds an outbox this binary runs against; waits (saying why, once) while the
-/// database is unreachable, has no outbox, or an older one. `None` when asked to stop.
+/// Connects and finds an outbox this binary runs against, with the server's settings for it
+/// (the extension's install); waits (saying why, once) while the database is unreachable, has
+/// no outbox, or an older one, or the server says not to serve it. `None` when asked to stop.
 fn wait_for_outbox(
     url: &str,
     schema: &str,
     wake: &mut ProcessWake,
     metrics: &Metrics,
     poll_interval: Duration,
-) -> Result<Option<(postgres::Client, Outbox)>, RelayError> {
+) -> Result<Option<(postgres::Client, Outbox, Option<ServerSettings>)>, RelayError> {
     let mut said = String::new();
     loop {
         let found = connect(url, "outbox relay").map_err(|e| e.to_string()).and_then(|mut client| {
@@ -86,11 +90,17 @@ fn wait_for_outbox(
         });
         metrics.database_up.store(found.is_ok(), Ordering::Relaxed);
         let reason = match found {
-            Ok((client, Some(outbox))) => match outbox.compatibility() {
-                Compatibility::Current => {
-                    metrics.schema_supported.store(true, Ordering::Relaxed);
-                    return Ok(Some((client, outbox)));
-                }
+            Ok((mut client, Some(outbox))) => match outbox.compatibility() {
+                Compatibility::Current => match server_settings::read(&mut client, &outbox) {
+                    Ok(server) => match server.as_ref().and_then(ServerSettings::refusal) {
+                        Some(refusal) => refusal,
+                        None => {
+                            metrics.schema_supported.store(true, Ordering::Relaxed);
+                            return Ok(Some((client, outbox, server)));
+                        }
+                    },
+                    Err(e) => format!("cannot read the server's settings for the relay: {}", error_text(&e)),
+                },
                 Compatibility::Newer => return Err(RelayError::SchemaNewer { schema: outbox.schema, version: outbox.version }),
                 Compatibility::Older => format!(
                     "waiting for the outbox in schema {} to be upgraded from {} to {VERSION} (outbox migrate, or ALTER EXTENSION outbox_ext UPDATE)",

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox_core::delivery::Doorbell;
 use outbox_core::relay::{Asked, Commits, Level, Wake};
@@ -21,6 +21,11 @@ use crate::metrics::say;
 
 /// The channel an enqueuing commit notifies.
 pub const CHANNEL: &str = "outbox_enqueued";
+
+/// Notifications end a wait at most once per this long. Any role may NOTIFY the channel in a
+/// loop, and each wakeup costs a claim and a read of the log: this bounds what a flood costs
+/// (to 200 of each a second), while a commit is still heard within it.
+const NOTIFIED_AT_MOST_EVERY: Duration = Duration::from_millis(5);
 
 pub struct ProcessWake {
     /// Rung by the listener thread at each notification.
@@ -36,6 +41,8 @@ pub struct ProcessWake {
     hangup: Arc<AtomicBool>,
     /// Readable once a signal arrived, so that a wait ends at once.
     signalled: UnixStream,
+    /// When a notification last ended a wait.
+    last_notified: Instant,
 }
 
 impl ProcessWake {
@@ -67,6 +74,7 @@ impl ProcessWake {
             stop,
             hangup,
             signalled,
+            last_notified: Instant::now(),
         })
     }
 }
@@ -98,6 +106,9 @@ impl Wake for ProcessWake {
         }
         let committed = fds[1].revents != 0;
         if let Some(bell) = self.commits.as_ref().filter(|_| committed) {
+            // What rings the bell until then is heard with this one.
+            std::thread::sleep(NOTIFIED_AT_MOST_EVERY.saturating_sub(self.last_notified.elapsed()));
+            self.last_notified = Instant::now();
             bell.clear();
         }
         Commits { table: committed, log: committed || self.log_streamed.take(fds[3].revents != 0) }

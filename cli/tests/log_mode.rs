@@ -202,3 +202,148 @@ fn the_stream_is_encrypted_as_sslmode_asks() {
         wait_until("the stream is closed", Duration::from_secs(20), || stream_encrypted(&mut db).is_empty());
     }
 }
+
+/// A role with CREATE on the database (and REPLICATION, for the slot) who gets there first.
+fn squatter(database: &str) -> postgres::Client {
+    let mut admin = connect("postgres", "postgres");
+    let exists = count(&mut admin, "SELECT count(*) FROM pg_roles WHERE rolname = 'squat'") > 0;
+    if !exists {
+        admin.batch_execute("CREATE ROLE squat LOGIN NOSUPERUSER").unwrap();
+    }
+    admin.batch_execute(&format!("ALTER ROLE squat REPLICATION; GRANT CREATE ON DATABASE {database} TO squat")).unwrap();
+    connect("squat", database)
+}
+
+/// What a refused switch leaves: table mode, and no publication, slot or partition of ours.
+fn assert_nothing_switched(db: &mut postgres::Client) {
+    assert_eq!(count(db, "SELECT count(*) FROM outbox.outbox_log_state WHERE enabled OR recover_from IS NOT NULL"), 0);
+    assert_eq!(
+        count(db, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox.outbox_log'::regclass"),
+        1,
+        "the default partition alone"
+    );
+}
+
+#[test]
+fn log_mode_refuses_a_publication_or_slot_that_someone_else_made_first() {
+    let db_name = "outbox_t_log_squat";
+    let mut db = fresh_database(db_name);
+    connect("postgres", "postgres").batch_execute("ALTER ROLE outbox_owner REPLICATION").unwrap();
+    migrate(db_name, &[]);
+    let mut owner = connect("outbox_owner", db_name);
+    let mut squat = squatter(db_name);
+    // The publication first, for a table of the squatter's named as ours.
+    squat
+        .batch_execute(
+            "CREATE SCHEMA squat;
+             CREATE TABLE squat.outbox_log (id bigint, topic text, payload jsonb, key text, created_at timestamptz, xact xid8);
+             CREATE PUBLICATION outbox_log FOR TABLE squat.outbox_log WITH (publish = 'insert', publish_via_partition_root = true)",
+        )
+        .unwrap();
+    let error = owner.batch_execute("SELECT outbox.outbox_set_mode('log')").expect_err("a squatter's publication");
+    let error = error.as_db_error().expect("an error of the server");
+    assert_eq!(error.code().code(), "55000", "{error:?}");
+    assert!(error.message().contains("the publication outbox_log is not the outbox's own: it is owned by squat"), "{}", error.message());
+    assert_nothing_switched(&mut db);
+    // One of the owner's own that publishes another table too is refused as well.
+    squat.batch_execute("DROP PUBLICATION outbox_log").unwrap();
+    owner
+        .batch_execute(
+            "CREATE TABLE outbox.lookalike (x int);
+             CREATE PUBLICATION outbox_log FOR TABLE outbox.outbox_log, outbox.lookalike",
+        )
+        .unwrap();
+    let error = owner.batch_execute("SELECT outbox.outbox_set_mode('log')").expect_err("a publication of another table too");
+    assert!(error.as_db_error().unwrap().message().contains("publishes tables other than"), "{error}");
+    owner.batch_execute("DROP PUBLICATION outbox_log; DROP TABLE outbox.lookalike").unwrap();
+
+    // The slot first: any role with REPLICATION can make one of the name the outbox would.
+    let slot: String = db.query_one("SELECT slot::text FROM outbox.outbox_log_state", &[]).unwrap().get(0);
+    squat.batch_execute(&format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")).unwrap();
+    let error = owner.batch_execute("SELECT outbox.outbox_set_mode('log')").expect_err("a squatter's slot");
+    assert!(
+        error.as_db_error().unwrap().message().contains(&format!("a replication slot named {slot} exists that the outbox did not make")),
+        "{error}"
+    );
+    assert_nothing_switched(&mut db);
+    squat.batch_execute(&format!("SELECT pg_drop_replication_slot('{slot}')")).unwrap();
+
+    // With neither, the switch makes its own publication, of the outbox's table alone.
+    owner.batch_execute("SELECT outbox.outbox_set_mode('log')").unwrap();
+    let published: Vec<String> = db
+        .query("SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = 'outbox_log'", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(published, vec!["outbox.outbox_log".to_string()]);
+    // A slot someone makes before the relay does is never read: the relay says why, and once it
+    // is dropped, makes its own and delivers what waited.
+    squat.batch_execute(&format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")).unwrap();
+    let receiver = Receiver::start();
+    owner
+        .batch_execute(&format!(
+            "SELECT outbox.outbox_endpoint_set('default', '{}');
+             SELECT outbox.outbox_enqueue('order.placed', '{{\"n\": 1}}');",
+            receiver.url
+        ))
+        .unwrap();
+    let relay_url = url("outbox_relay", db_name);
+    let mut relay = Relay::start(&["--database-url", relay_url.as_str(), "--poll-interval", "100ms"]);
+    assert_eq!(count(&mut db, "SELECT count(*) FROM outbox.outbox_log_lag() WHERE slot_state = 'foreign'"), 1);
+    relay.wait_until("the relay has tried to make the slot", Duration::from_secs(20), || {
+        count(&mut db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%outbox_log_make_slot(%'") > 0
+    });
+    assert_eq!(receiver.count(), 0, "nothing is read from a slot the outbox did not make");
+    squat.batch_execute(&format!("SELECT pg_drop_replication_slot('{slot}')")).unwrap();
+    relay.wait_until("the relay makes its own slot and delivers", Duration::from_secs(30), || receiver.distinct() == 1);
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
+    assert!(said.contains(&format!("a replication slot named {slot} exists that the outbox did not make")), "{said}");
+}
+
+#[test]
+fn log_mode_refuses_an_owner_that_cannot_make_a_slot_and_a_log_nobody_reads_shows() {
+    let db_name = "outbox_t_log_stall";
+    let mut db = fresh_database(db_name);
+    connect("postgres", "postgres").batch_execute("ALTER ROLE outbox_owner NOREPLICATION").unwrap();
+    migrate(db_name, &[]);
+    let mut owner = connect("outbox_owner", db_name);
+    let error = owner.batch_execute("SELECT outbox.outbox_set_mode('log')").expect_err("an owner without REPLICATION");
+    let error = error.as_db_error().expect("an error of the server");
+    assert_eq!(error.code().code(), "42501", "{error:?}");
+    assert!(
+        error.message().contains("log mode needs a replication slot, and the outbox's owner outbox_owner cannot make one"),
+        "{}",
+        error.message()
+    );
+    assert!(error.hint().unwrap_or_default().contains("ALTER ROLE outbox_owner REPLICATION"), "{error:?}");
+    assert_nothing_switched(&mut db);
+
+    // With REPLICATION it switches; with no relay to read the log, its events show as pending
+    // at once (the slot is not made yet), and the lag grows from the switch.
+    connect("postgres", "postgres").batch_execute("ALTER ROLE outbox_owner REPLICATION").unwrap();
+    owner
+        .batch_execute(
+            "SELECT outbox.outbox_endpoint_set('default', 'http://127.0.0.1:9/hook');
+             SELECT outbox.outbox_endpoint_set('audit', 'http://127.0.0.1:9/audit', '{order.*}');
+             SELECT outbox.outbox_set_mode('log');
+             SELECT outbox.outbox_enqueue('order.placed', '{}') FROM generate_series(1, 3);
+             SELECT outbox.outbox_enqueue('user.created', '{}');",
+        )
+        .unwrap();
+    let pending: Vec<(String, i64)> = db
+        .query("SELECT endpoint, pending FROM outbox.outbox_endpoint_stats() ORDER BY endpoint", &[])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(pending, vec![("audit".to_string(), 3), ("default".to_string(), 4)]);
+    assert_eq!(count(&mut db, "SELECT pending FROM outbox.outbox_stats()"), 7);
+    let lag = |db: &mut postgres::Client| -> f64 {
+        db.query_one("SELECT lag_seconds FROM outbox.outbox_log_lag() WHERE slot_state = 'missing'", &[]).unwrap().get(0)
+    };
+    let first = lag(&mut db);
+    wait_until("the lag grows while nothing reads the log", Duration::from_secs(10), || lag(&mut db) > first);
+    assert!(count(&mut db, "SELECT count(*) FROM outbox.outbox_stats() WHERE oldest_pending_age > interval '0'") == 1);
+}

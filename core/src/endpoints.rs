@@ -268,6 +268,7 @@ mod tests {
             endpoint_disable_after: None,
             dead_retention: None,
             allowed_destinations: "0.0.0.0/0, ::/0".to_string(),
+            server_allowed_destinations: None,
             max_requests_in_flight: 256,
             max_bytes_in_flight: 64 << 20,
         }

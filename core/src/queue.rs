@@ -95,6 +95,9 @@ pub struct LogRows {
     pub flushed_at: i64,
     /// The endpoints' version as the read began.
     pub endpoints_version: i64,
+    /// outbox_log's oid: only its rows are events, whatever else a publication of that name
+    /// sends.
+    pub log_relation: u32,
 }
 
 /// What `load_endpoints` read: the endpoints just disabled (name and reason), those to claim

@@ -71,7 +71,7 @@ impl<W: Wake + ?Sized> Wake for &mut W {
 pub enum Asked {
     Nothing,
     /// New settings, read after a reload signal.
-    Reload(Settings),
+    Reload(Box<Settings>),
     /// Claim nothing more, record what finishes within `SHUTDOWN_GRACE`, then end.
     Stop,
     /// End at once, recording only what has already finished (the database is going away).
@@ -261,7 +261,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             Asked::Reload(settings) => {
                 let destinations = allowed_destinations(&settings, &mut self.report);
                 self.sender.allow(destinations);
-                self.settings = settings;
+                self.settings = *settings;
                 // A new lease length holds from the next read on, not from the next renewal.
                 self.log.renew_at = Instant::now();
                 timers.after_reload(self.settings.poll_interval);
@@ -398,7 +398,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
         };
         self.log.full = rows.messages.len() >= LOG_READ_CHANGES as usize;
         self.log.starts.note(rows.began_at as u64, rows.oldest);
-        let read = match read_events(rows.messages.iter().map(Vec::as_slice)) {
+        let read = match read_events(rows.messages.iter().map(Vec::as_slice), rows.log_relation) {
             Ok(read) => read,
             // Left in the slot, and said at each read: nothing is skipped unread.
             Err(e) => return self.failed("reading the log's slot", QueueError::Failed(e.to_string())),
@@ -703,11 +703,19 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
     }
 }
 
-/// `allowed_destinations` as the sender takes it. A driver refuses a value that does not
-/// parse; should one get through all the same, nothing is allowed, rather than everything.
+/// `allowed_destinations`, within the server's if the driver read it, as the sender takes it.
+/// A driver refuses a value that does not parse; should one get through all the same, nothing
+/// is allowed, rather than everything.
 fn allowed_destinations(settings: &Settings, report: &mut impl Report) -> Destinations {
-    Destinations::parse(&settings.allowed_destinations).unwrap_or_else(|e| {
-        report.log(Level::Warning, &format!("allowed_destinations is not valid, so no destination is allowed: {e}"));
-        Destinations::default()
-    })
+    let mut parse = |list: &str| {
+        Destinations::parse(list).unwrap_or_else(|e| {
+            report.log(Level::Warning, &format!("allowed_destinations is not valid, so no destination is allowed: {e}"));
+            Destinations::default()
+        })
+    };
+    let own = parse(&settings.allowed_destinations);
+    match &settings.server_allowed_destinations {
+        Some(server) => own.within(parse(server)),
+        None => own,
+    }
 }

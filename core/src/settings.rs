@@ -22,6 +22,9 @@ pub struct Settings {
     pub dead_retention: Option<Duration>,
     /// `outbox.allowed_destinations` as written.
     pub allowed_destinations: String,
+    /// The server's `outbox.allowed_destinations`, for an `outbox relay` serving the
+    /// extension's install, whose own flag is `allowed_destinations`: both must allow.
+    pub server_allowed_destinations: Option<String>,
     pub max_requests_in_flight: usize,
     pub max_bytes_in_flight: usize,
 }
@@ -58,6 +61,7 @@ impl Default for Settings {
             endpoint_disable_after: seconds(ENDPOINT_DISABLE_AFTER_S),
             dead_retention: seconds(DEAD_RETENTION_S),
             allowed_destinations: ALLOWED_DESTINATIONS.to_string(),
+            server_allowed_destinations: None,
             max_requests_in_flight: MAX_REQUESTS_IN_FLIGHT as usize,
             max_bytes_in_flight: MAX_BYTES_IN_FLIGHT as usize,
         }

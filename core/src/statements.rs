@@ -33,7 +33,8 @@ pub const LOG_MAKE_SLOT: &str = "SELECT @extschema@.outbox_log_make_slot($1)";
 /// Log mode: copies what a lost slot may have held into the table path.
 pub const LOG_RECOVER: &str = "SELECT @extschema@.outbox_log_recover($1)";
 /// Log mode: the slot's next changes.
-pub const LOG_READ: &str = "SELECT data, xmin, began_at, flushed_at, endpoints_version FROM @extschema@.outbox_log_read($1, $2)";
+pub const LOG_READ: &str =
+    "SELECT data, xmin, began_at, flushed_at, endpoints_version, log_relation FROM @extschema@.outbox_log_read($1, $2)";
 /// Log mode: where the topics read go.
 pub const LOG_ROUTE: &str = "SELECT topic, endpoint, sendable, ordered FROM @extschema@.outbox_log_route($1)";
 /// Log mode: deliveries copied into the table path.
@@ -42,7 +43,7 @@ pub const LOG_DEFER: &str = "SELECT @extschema@.outbox_log_defer($1, $2, $3, $4,
 pub const LOG_CONFIRM: &str = "SELECT @extschema@.outbox_log_confirm($1, $2, $3)";
 /// Log mode, the slot streamed (`outbox relay`): where a read of the stream begins.
 pub const LOG_READ_START: &str =
-    "SELECT enabled, slot, publication, confirmed, xmin, began_at, endpoints_version, timezone FROM @extschema@.outbox_log_read_start($1)";
+    "SELECT enabled, slot, publication, confirmed, xmin, began_at, endpoints_version, timezone, log_relation FROM @extschema@.outbox_log_read_start($1)";
 /// Log mode, the slot streamed: what was delivered recorded; the stream confirms the position.
 pub const LOG_CONFIRM_STREAMED: &str = "SELECT @extschema@.outbox_log_confirm($1, $2, $3, false)";
 /// Log mode: the log's partitions made ahead and dropped once read.

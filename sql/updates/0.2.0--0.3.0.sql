@@ -36,3 +36,6 @@ DROP SEQUENCE @extschema@.outbox_endpoints_version;
 
 -- Log mode: the append-only log, its slot and the relay's functions on it.
 --@include log.sql
+
+-- The endpoints' stats count the events a stalled log holds unread as pending.
+--@include api.sql

@@ -227,7 +227,7 @@ impl Wake for WorkerWake {
         }
         if BackgroundWorker::sighup_received() {
             reload_configuration();
-            return Asked::Reload(settings::read());
+            return Asked::Reload(Box::new(settings::read()));
         }
         Asked::Nothing
     }

@@ -427,7 +427,8 @@ impl Queue for Queries {
                         None => {
                             let (oldest, began_at, flushed_at, endpoints_version) =
                                 (row.get(2)?.unwrap_or(0), row.get(3)?.unwrap_or(0), row.get(4)?.unwrap_or(0), row.get(5)?.unwrap_or(0));
-                            return Ok(Some(LogRows { messages, oldest, began_at, flushed_at, endpoints_version }));
+                            let log_relation = row.get::<i64>(6)?.unwrap_or(0) as u32;
+                            return Ok(Some(LogRows { messages, oldest, began_at, flushed_at, endpoints_version, log_relation }));
                         }
                     }
                 }

@@ -16,10 +16,18 @@ use ipnet::IpNet;
 /// listens there: the relay must not tell a role which internal ports are open.
 pub const REFUSED: &str = "destination not allowed by outbox.allowed_destinations";
 
-/// The blocks of `outbox.allowed_destinations`, each with an optional port.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// The blocks of `outbox.allowed_destinations`, each with an optional port; or of several
+/// such lists, every one of which must allow an address (`within`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Destinations {
-    rules: Vec<Rule>,
+    lists: Vec<Vec<Rule>>,
+}
+
+/// Nothing is allowed.
+impl Default for Destinations {
+    fn default() -> Destinations {
+        Destinations { lists: vec![Vec::new()] }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,12 +51,19 @@ impl Destinations {
     /// `[fd00::]/8`, `[fd00::]/8:443`. An empty list allows nothing.
     pub fn parse(text: &str) -> Result<Destinations, DestinationsError> {
         let rules = text.split(',').map(str::trim).filter(|entry| !entry.is_empty()).map(parse_rule).collect::<Result<_, _>>()?;
-        Ok(Destinations { rules })
+        Ok(Destinations { lists: vec![rules] })
+    }
+
+    /// What both `self` and `other` allow: where two settings say where the relay may
+    /// connect (an `outbox relay` flag and the server's setting), the stricter holds.
+    pub fn within(mut self, other: Destinations) -> Destinations {
+        self.lists.extend(other.lists);
+        self
     }
 
     /// Whether a block names `port` (otherwise every port is treated alike, as port 0 is).
     pub fn names_port(&self, port: u16) -> bool {
-        self.rules.iter().any(|rule| rule.port == Some(port))
+        self.lists.iter().flatten().any(|rule| rule.port == Some(port))
     }
 
     /// Whether the relay may connect to `address`. Where cloud metadata services live
@@ -57,10 +72,12 @@ impl Destinations {
     pub fn allows(&self, address: SocketAddr) -> bool {
         let ip = address.ip().to_canonical();
         let protected = protected(ip);
-        self.rules.iter().any(|rule| {
-            rule.block.contains(&ip)
-                && rule.port.is_none_or(|port| port == address.port())
-                && protected.is_none_or(|place| place.contains(&rule.block))
+        self.lists.iter().all(|rules| {
+            rules.iter().any(|rule| {
+                rule.block.contains(&ip)
+                    && rule.port.is_none_or(|port| port == address.port())
+                    && protected.is_none_or(|place| place.contains(&rule.block))
+            })
         })
     }
 }
@@ -214,6 +231,18 @@ mod tests {
         assert!(allows(list, "192.168.1.7:80"));
         assert!(!allows(list, "192.168.1.7:81"));
         assert!(allows("10.1.2.3/8", "10.200.0.1:80"), "host bits of a block are ignored");
+    }
+
+    #[test]
+    fn within_another_list_only_what_both_allow_is_allowed() {
+        let both = |a: &str, b: &str, address: &str| {
+            Destinations::parse(a).unwrap().within(Destinations::parse(b).unwrap()).allows(address.parse().unwrap())
+        };
+        assert!(both("0.0.0.0/0", "10.0.0.0/8", "10.1.2.3:443"));
+        assert!(!both("0.0.0.0/0", "10.0.0.0/8", "192.168.1.1:443"), "the stricter list holds");
+        assert!(!both("10.0.0.0/8", "0.0.0.0/0", "192.168.1.1:443"), "whichever side it is on");
+        assert!(!both("10.0.0.0/8:443", "10.0.0.0/8", "10.1.2.3:80"));
+        assert!(!both("0.0.0.0/0", "", "10.1.2.3:443"), "an empty list allows nothing, within another too");
     }
 
     #[test]

@@ -42,10 +42,11 @@ pub enum LogError {
     BadValue(&'static str),
 }
 
-/// The events in `messages` (pgoutput, in the order the slot returned them). Rows of a
-/// transaction the read cut short (none: a read returns whole transactions) are left for the
-/// next read; so are rows of any table but outbox_log.
-pub fn read_events<'a>(messages: impl IntoIterator<Item = &'a [u8]>) -> Result<LogRead, LogError> {
+/// The events in `messages` (pgoutput, in the order the slot returned them): the rows of
+/// relation `log_relation`, outbox_log's oid, and of no other, whatever its name (a table of
+/// anyone's may be called outbox_log). Rows of a transaction the read cut short (none: a read
+/// returns whole transactions) are left for the next read.
+pub fn read_events<'a>(messages: impl IntoIterator<Item = &'a [u8]>, log_relation: u32) -> Result<LogRead, LogError> {
     let mut relations: HashMap<u32, Relation> = HashMap::new();
     let mut read = LogRead::default();
     let mut open: Vec<LogEvent> = Vec::new();
@@ -57,7 +58,7 @@ pub fn read_events<'a>(messages: impl IntoIterator<Item = &'a [u8]>) -> Result<L
             }
             Message::Insert { relation, values } => {
                 let relation = relations.get(&relation).ok_or(LogError::UnknownRelation(relation))?;
-                if relation.name == "outbox_log" {
+                if relation.id == log_relation {
                     open.push(event(relation, values)?);
                 }
             }
@@ -167,7 +168,7 @@ pub(crate) mod tests {
             begin(),
             insert(7, &row("9", None)),
         ];
-        let read = read_events(messages.iter().map(Vec::as_slice)).unwrap();
+        let read = read_events(messages.iter().map(Vec::as_slice), 7).unwrap();
         assert_eq!(read.events.iter().map(|e| e.id).collect::<Vec<_>>(), vec![5, 3, 4]);
         assert_eq!(read.end, Some(200));
         let first = &read.events[0];
@@ -177,16 +178,34 @@ pub(crate) mod tests {
 
     #[test]
     fn nothing_read_has_no_end() {
-        assert_eq!(read_events([]).unwrap(), LogRead::default());
+        assert_eq!(read_events([], 7).unwrap(), LogRead::default());
     }
 
     #[test]
     fn rows_that_are_not_events_are_errors() {
         let unknown = [begin(), insert(7, &row("5", None))];
-        assert_eq!(read_events(unknown.iter().map(Vec::as_slice)), Err(LogError::UnknownRelation(7)));
+        assert_eq!(read_events(unknown.iter().map(Vec::as_slice), 7), Err(LogError::UnknownRelation(7)));
         let no_topic = [begin(), relation(7, "outbox_log", &["id", "payload", "key", "created_at"]), insert(7, &[Some("1"); 4])];
-        assert_eq!(read_events(no_topic.iter().map(Vec::as_slice)), Err(LogError::MissingColumn("topic")));
+        assert_eq!(read_events(no_topic.iter().map(Vec::as_slice), 7), Err(LogError::MissingColumn("topic")));
         let bad_id = [begin(), relation(7, "outbox_log", &COLUMNS), insert(7, &row("x", None))];
-        assert_eq!(read_events(bad_id.iter().map(Vec::as_slice)), Err(LogError::BadValue("id")));
+        assert_eq!(read_events(bad_id.iter().map(Vec::as_slice), 7), Err(LogError::BadValue("id")));
+    }
+
+    #[test]
+    fn rows_of_another_table_named_outbox_log_are_not_events() {
+        // A table of anyone's may be called outbox_log, in a schema of theirs: only the
+        // relation whose oid the read names is the log.
+        let messages = [
+            begin(),
+            relation(9, "outbox_log", &COLUMNS),
+            insert(9, &row("666", None)),
+            relation(7, "outbox_log", &COLUMNS),
+            insert(7, &row("5", None)),
+            commit(100),
+        ];
+        let read = read_events(messages.iter().map(Vec::as_slice), 7).unwrap();
+        assert_eq!(read.events.iter().map(|e| e.id).collect::<Vec<_>>(), vec![5]);
+        let read = read_events(messages.iter().map(Vec::as_slice), 9).unwrap();
+        assert_eq!(read.events.iter().map(|e| e.id).collect::<Vec<_>>(), vec![666]);
     }
 }

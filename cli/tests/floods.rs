@@ -1,0 +1,92 @@
+//! What any role can do to a relay without any privilege of the outbox's: notify its channel
+//! in a loop, or run its maintenance at the same time as another.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The relay's claims so far, from its /metrics.
+fn claims(metrics: &str) -> u64 {
+    let mut stream = TcpStream::connect(metrics).expect("connect to /metrics");
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {metrics}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).unwrap();
+    page.lines()
+        .find_map(|line| line.strip_prefix("outbox_relay_claim_duration_seconds_count "))
+        .unwrap_or_else(|| panic!("no claim count in {page}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_flood_of_notifications_costs_the_relay_a_claim_per_5_ms_at_most() {
+    let mut db = fresh_database("outbox_t_flood");
+    migrate("outbox_t_flood", &[]);
+    let receiver = Receiver::start();
+    connect("outbox_owner", "outbox_t_flood")
+        .batch_execute(&format!("SELECT outbox.outbox_endpoint_set('default', '{}')", receiver.url))
+        .unwrap();
+    let relay_url = url("outbox_relay", "outbox_t_flood");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    // A poll a minute away: every claim in the flood is one a notification started.
+    let mut relay =
+        Relay::start(&["--database-url", &relay_url, "--listen-url", &relay_url, "--poll-interval", "60s", "--metrics", &metrics]);
+    relay.wait_until("the relay asks to be notified", Duration::from_secs(20), || {
+        db.query_one("SELECT count(*) FROM outbox.outbox_relays WHERE listening", &[]).unwrap().get::<_, i64>(0) == 1
+    });
+    relay.wait_until("its metrics are served", Duration::from_secs(20), || TcpStream::connect(&metrics).is_ok());
+    // A role with nothing of the outbox's may notify its channel.
+    let mut app = connect("app", "outbox_t_flood");
+    let before = claims(&metrics);
+    let started = Instant::now();
+    for _ in 0..3000 {
+        app.batch_execute("NOTIFY outbox_enqueued").unwrap();
+    }
+    let made = claims(&metrics) - before;
+    let bound = started.elapsed().as_millis() as u64 / 5 + 2;
+    assert!(made <= bound, "{made} claims in {:?} of notifications, more than one per 5 ms ({bound})", started.elapsed());
+    assert_eq!(receiver.count(), 0, "a notification is not an event");
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
+}
+
+#[test]
+fn two_sessions_making_the_log_partitions_at_once_both_succeed() {
+    let mut owner_db = fresh_database("outbox_t_partitions");
+    migrate("outbox_t_partitions", &[]);
+    let mut first = connect("outbox_owner", "outbox_t_partitions");
+    // The first makes the partitions of the next hours and has not committed them yet.
+    first.batch_execute("BEGIN; SELECT outbox.outbox_log_maintain()").unwrap();
+    let second = std::thread::spawn(|| {
+        connect("outbox_owner", "outbox_t_partitions").query_one("SELECT outbox.outbox_log_maintain()", &[]).map(|row| row.get::<_, i32>(0))
+    });
+    // Once the second waits for the first (or has returned), the first commits: a second that
+    // looked for a partition before that commit and makes it after must not fail.
+    wait_until("the second maintains too", Duration::from_secs(20), || {
+        second.is_finished()
+            || owner_db
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%outbox_log_maintain%'",
+                    &[],
+                )
+                .unwrap()
+                .get::<_, i64>(0)
+                > 0
+    });
+    first.batch_execute("COMMIT").unwrap();
+    let made = second.join().unwrap();
+    assert!(made.is_ok(), "the second maintenance failed: {made:?}");
+    let partitions: i64 =
+        owner_db.query_one("SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox.outbox_log'::regclass", &[]).unwrap().get(0);
+    assert!(partitions >= 7, "the default partition and six hours', made once: {partitions}");
+}
