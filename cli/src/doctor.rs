@@ -1,6 +1,8 @@
 //! `outbox doctor`: compares the outbox in a database with what its version should be — its
-//! functions (definitions and whether PUBLIC may run them), tables, columns, constraints and
-//! indexes — and lists every difference, for a deploy pipeline to stop on.
+//! functions (definitions and whether PUBLIC may run them), tables, columns, constraints,
+//! indexes, and whatever else is in its schema, look-alikes of its functions among them — and
+//! lists every difference, and every role but its owner that could change it
+//! (cli/src/writers.rs), for a deploy pipeline to stop on.
 //!
 //! What it should be is made, not stored: the version's SQL install is run into a scratch schema
 //! in a transaction that is rolled back, and both are described by `sql/describe.sql`.
@@ -13,6 +15,7 @@ use crate::connection::{connect, find_extension, find_outbox, VERSION};
 use crate::migrate::MigrateError;
 use crate::options::DatabaseOptions;
 use crate::script::{self, RELEASED};
+use crate::writers::{writers, Owner};
 
 const DESCRIBE: &str = include_str!("../../sql/describe.sql");
 /// The functions the extension's library provides, which the SQL install writes in SQL: for the
@@ -25,6 +28,8 @@ pub enum Drift {
     Missing(String),
     Unexpected(String),
     Changed(String),
+    /// A role other than the outbox's owner could change it: the way, and what to do.
+    Writable(String),
 }
 
 impl std::fmt::Display for Drift {
@@ -33,6 +38,7 @@ impl std::fmt::Display for Drift {
             Drift::Missing(what) => write!(f, "missing: {what}"),
             Drift::Unexpected(what) => write!(f, "not part of the outbox: {what}"),
             Drift::Changed(what) => write!(f, "differs from its version: {what}"),
+            Drift::Writable(what) => write!(f, "another role could change the outbox: {what}"),
         }
     }
 }
@@ -78,8 +84,11 @@ pub fn run(options: &DatabaseOptions) -> Result<(String, String, Vec<Drift>), Mi
         .map(|line| line.replace(&format!("{}.", outbox.schema), "@extschema@.").replace(&format!("{actual_schema}."), "@extschema@."))
         .collect();
     let actual = describe(&actual_schema, extension)?;
+    let mut drift = compare(&expected, &actual);
+    let owner = if extension { Owner::Extension } else { Owner::Schema };
+    drift.extend(writers(&mut transaction, &actual_schema, owner)?.iter().map(|w| Drift::Writable(w.to_string())));
     transaction.rollback()?;
-    Ok((outbox.schema, outbox.version, compare(&expected, &actual)))
+    Ok((outbox.schema, outbox.version, drift))
 }
 
 /// A quoted identifier as the catalog spells it.

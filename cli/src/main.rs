@@ -10,6 +10,7 @@
 //! - `relay`: the `relay` command.
 //! - `migrate`: the `migrate` command; `script` makes its scripts from the extension's.
 //! - `doctor`: the `doctor` command.
+//! - `writers`: who besides the outbox's owner could change it (migrate refuses, doctor names).
 //! - `console`: the `console` command, the operator's console in a browser.
 
 mod connection;
@@ -28,6 +29,7 @@ mod script;
 mod server_settings;
 mod tls;
 mod wake;
+mod writers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -97,21 +99,23 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Doctor(database) => match doctor::run(&database) {
-            Ok((schema, version, drift)) if drift.is_empty() => {
-                println!("outbox doctor: the outbox in schema {schema} is as version {version} installs it");
-                ExitCode::SUCCESS
+        Command::Doctor(database) => {
+            match doctor::run(&database) {
+                Ok((schema, version, drift)) if drift.is_empty() => {
+                    println!("outbox doctor: the outbox in schema {schema} is as version {version} installs it, and only its owner can change it");
+                    ExitCode::SUCCESS
+                }
+                Ok((schema, version, drift)) => {
+                    println!("outbox doctor: the outbox in schema {schema} (version {version}) has {} problems:", drift.len());
+                    drift.iter().for_each(|d| println!("  {d}"));
+                    ExitCode::from(2)
+                }
+                Err(e) => {
+                    eprintln!("outbox doctor: error: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Ok((schema, version, drift)) => {
-                println!("outbox doctor: the outbox in schema {schema} differs from version {version} in {} ways:", drift.len());
-                drift.iter().for_each(|d| println!("  {d}"));
-                ExitCode::from(2)
-            }
-            Err(e) => {
-                eprintln!("outbox doctor: error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Console(options) => match console::run(&options) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

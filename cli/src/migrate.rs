@@ -4,6 +4,10 @@
 //! Versioned: `<schema>.outbox_migrations` holds each version applied. Each step is one
 //! transaction that first takes an advisory lock and reads the version again, so two deploys
 //! migrating at once apply each step once; a step that fails leaves nothing of itself.
+//!
+//! It installs only into a schema of the role it runs as, which no other role can write
+//! (cli/src/writers.rs): checked before anything is done, and again in each step's transaction
+//! once the schema exists, so a schema another role makes in between is not adopted.
 
 use std::time::Instant;
 
@@ -13,6 +17,7 @@ use postgres::Client;
 use crate::connection::{connect, find_extension, quote_ident, VERSION};
 use crate::options::DatabaseOptions;
 use crate::script::{self, RELEASED, UPDATES};
+use crate::writers::{writers, Owner, Writer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
@@ -30,6 +35,11 @@ pub enum MigrateError {
     NoPath { from: String, to: String, known: String },
     #[error("version {0} cannot be installed by this binary: it installs {VERSION} and the released {released}", released = RELEASED.map(|(v, _)| v).join(", "))]
     UnknownVersion(String),
+    #[error(
+        "outbox migrate installs only into a schema of the role it runs as that no other role can write; schema {schema} is not, so nothing was installed:{}",
+        writers.iter().map(|w| format!("\n  - {w}")).collect::<String>()
+    )]
+    Writable { schema: String, writers: Vec<Writer> },
 }
 
 impl From<postgres::Error> for MigrateError {
@@ -66,6 +76,7 @@ pub fn run(options: &DatabaseOptions, target: Option<&str>, dry_run: bool) -> Re
         return Err(MigrateError::HasExtension { schema, version });
     }
     let schema = quote_ident(&mut client, &options.schema)?;
+    refuse_writers(&mut client, &schema, &options.schema)?;
     let target = target.unwrap_or(VERSION).to_string();
     let mut stepped = false;
     loop {
@@ -134,23 +145,43 @@ fn next_step(current: Option<&str>, target: &str, schema: &str) -> Result<Option
     })
 }
 
+/// Fails, naming each, if a role other than the one connected could change what is in the
+/// schema (`name`, unquoted; `schema`, quoted, for the message).
+fn refuse_writers(client: &mut impl postgres::GenericClient, schema: &str, name: &str) -> Result<(), MigrateError> {
+    let writers = writers(client, name, Owner::Migrating)?;
+    if writers.is_empty() {
+        return Ok(());
+    }
+    Err(MigrateError::Writable { schema: schema.to_string(), writers })
+}
+
 /// The transaction a step runs, as `--dry-run` prints it.
 fn transaction_text(step: &Step, schema: &str) -> String {
     let from = step.from.as_deref().map_or("NULL".to_string(), |v| format!("'{v}'"));
     format!(
         "-- outbox migrate: {} {}\nBEGIN;\nSELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('outbox migrate'));\n\
-         -- (the version is read again here; the step is skipped if it is no longer {from})\n{}\n{}\n{}\nCOMMIT;\n",
+         -- (the version is read again here; the step is skipped if it is no longer {from})\n{}\
+         -- (the schema is checked here: nothing is installed unless it is this role's and no other role can write it)\n{}\n{}\n{}\nCOMMIT;\n",
         step.from.as_deref().map_or("install".to_string(), |v| format!("upgrade from {v}")),
         step.to,
+        create_schema(step, schema),
         prologue(step, schema),
         step.sql,
         record(step, schema)
     )
 }
 
-/// Before a fresh install: its schema and the versions table. Which version is installed is
-/// no secret (pg_extension shows the extension's to every role): every role the schema lets
-/// in may read it, so a console or relay of any role finds the outbox.
+/// A fresh install's schema, unless it exists (then it is checked, not adopted blindly).
+fn create_schema(step: &Step, schema: &str) -> String {
+    match step.from {
+        Some(_) => String::new(),
+        None => format!("CREATE SCHEMA IF NOT EXISTS {schema};\n"),
+    }
+}
+
+/// Before a fresh install: the versions table. Which version is installed is no secret
+/// (pg_extension shows the extension's to every role): every role the schema lets in may read
+/// it, so a console or relay of any role finds the outbox.
 fn prologue(step: &Step, schema: &str) -> String {
     // As CREATE EXTENSION and ALTER EXTENSION … UPDATE run their scripts: names not qualified
     // resolve to the outbox's schema (and pg_catalog, always searched first).
@@ -159,7 +190,7 @@ fn prologue(step: &Step, schema: &str) -> String {
         return search_path;
     }
     format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema};\n{search_path}\
+        "{search_path}\
          CREATE TABLE {schema}.outbox_migrations (\n    version    text PRIMARY KEY,\n    \
          applied_at timestamptz NOT NULL DEFAULT pg_catalog.now(),\n    applied_by name NOT NULL DEFAULT CURRENT_USER);\n\
          COMMENT ON TABLE {schema}.outbox_migrations IS 'The versions of the outbox that outbox migrate applied here, one row each.';\n\
@@ -189,6 +220,8 @@ fn apply(client: &mut Client, step: &Step, schema: &str, schema_name: &str) -> R
     if current != step.from {
         return Ok(false);
     }
+    transaction.batch_execute(&create_schema(step, schema))?;
+    refuse_writers(&mut transaction, schema, schema_name)?;
     transaction.batch_execute(&prologue(step, schema))?;
     transaction.batch_execute(&step.sql)?;
     transaction.batch_execute(&record(step, schema))?;
