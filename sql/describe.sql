@@ -75,6 +75,13 @@ lines AS (
      WHERE c.relnamespace OPERATOR(pg_catalog.=) s.oid
        AND c.relkind OPERATOR(pg_catalog.=) ANY ('{r,S,v,p,m,f,c}')
        AND c.relname OPERATOR(pg_catalog.<>) 'outbox_migrations'
+       -- The log's hourly partitions, which the outbox makes and drops as the log goes
+       -- (sql/log.sql): every one but the default.
+       AND NOT (c.relispartition AND c.relname OPERATOR(pg_catalog.<>) 'outbox_log_default'
+                AND EXISTS (SELECT FROM pg_catalog.pg_inherits AS i
+                              JOIN pg_catalog.pg_class AS p ON p.oid OPERATOR(pg_catalog.=) i.inhparent
+                             WHERE i.inhrelid OPERATOR(pg_catalog.=) c.oid AND p.relname OPERATOR(pg_catalog.=) 'outbox_log'
+                               AND p.relnamespace OPERATOR(pg_catalog.=) s.oid))
        -- On the extension: its own (a composite type by its type), and the relations of others
        -- named like them, but for the log's partitions, which it makes as the log goes.
        AND (NOT $3

@@ -87,8 +87,31 @@ pub fn run(options: &DatabaseOptions) -> Result<(String, String, Vec<Drift>), Mi
     let mut drift = compare(&expected, &actual);
     let owner = if extension { Owner::Extension } else { Owner::Schema };
     drift.extend(writers(&mut transaction, &actual_schema, owner)?.iter().map(|w| Drift::Writable(w.to_string())));
+    drift.extend(log_objects(&mut transaction, &outbox.schema)?);
     transaction.rollback()?;
     Ok((outbox.schema, outbox.version, drift))
+}
+
+/// Log mode's publication and slot, where they exist, if they are not the outbox's own
+/// (sql/log.sql): a role with CREATE on the database, or REPLICATION, can make one of the name
+/// first, which log mode refuses to read.
+fn log_objects(transaction: &mut postgres::Transaction<'_>, schema: &str) -> Result<Vec<Drift>, postgres::Error> {
+    let statement = outbox_core::statements::qualify(
+        "SELECT s.publication::text, @extschema@.outbox_log_publication_problem(s.publication), s.slot::text,
+                @extschema@.outbox_log_slot_state() OPERATOR(pg_catalog.=) 'foreign'
+           FROM @extschema@.outbox_log_state AS s",
+        schema,
+    );
+    let mut drift = Vec::new();
+    for row in transaction.query_typed(&statement, &[])? {
+        if let Some(problem) = row.get::<_, Option<String>>(1) {
+            drift.push(Drift::Changed(format!("publication {}: not the outbox's own: {problem}", row.get::<_, String>(0))));
+        }
+        if row.get::<_, bool>(3) {
+            drift.push(Drift::Changed(format!("replication slot {}: not one the outbox made", row.get::<_, String>(2))));
+        }
+    }
+    Ok(drift)
 }
 
 /// A quoted identifier as the catalog spells it.

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{connect, fresh_database, migrate, url, wait_until, Receiver, Relay};
+use support::{connect, fresh_database, migrate, outbox, text, url, wait_until, Receiver, Relay};
 
 fn count(db: &mut postgres::Client, sql: &str) -> i64 {
     db.query_one(sql, &[]).unwrap().get(0)
@@ -245,6 +245,9 @@ fn log_mode_refuses_a_publication_or_slot_that_someone_else_made_first() {
     assert_eq!(error.code().code(), "55000", "{error:?}");
     assert!(error.message().contains("the publication outbox_log is not the outbox's own: it is owned by squat"), "{}", error.message());
     assert_nothing_switched(&mut db);
+    let doctor = outbox(&["doctor", "--database-url", &url("outbox_owner", db_name)]);
+    assert_eq!(doctor.status.code(), Some(2), "{}", text(&doctor));
+    assert!(text(&doctor).contains("publication outbox_log: not the outbox's own: it is owned by squat"), "{}", text(&doctor));
     // One of the owner's own that publishes another table too is refused as well.
     squat.batch_execute("DROP PUBLICATION outbox_log").unwrap();
     owner
@@ -266,6 +269,8 @@ fn log_mode_refuses_a_publication_or_slot_that_someone_else_made_first() {
         "{error}"
     );
     assert_nothing_switched(&mut db);
+    let doctor = outbox(&["doctor", "--database-url", &url("outbox_owner", db_name)]);
+    assert!(text(&doctor).contains(&format!("replication slot {slot}: not one the outbox made")), "{}", text(&doctor));
     squat.batch_execute(&format!("SELECT pg_drop_replication_slot('{slot}')")).unwrap();
 
     // With neither, the switch makes its own publication, of the outbox's table alone.
@@ -346,4 +351,13 @@ fn log_mode_refuses_an_owner_that_cannot_make_a_slot_and_a_log_nobody_reads_show
     let first = lag(&mut db);
     wait_until("the lag grows while nothing reads the log", Duration::from_secs(10), || lag(&mut db) > first);
     assert!(count(&mut db, "SELECT count(*) FROM outbox.outbox_stats() WHERE oldest_pending_age > interval '0'") == 1);
+
+    // The log's hourly partitions are the outbox's, in log mode and back in table mode.
+    let doctor_url = url("outbox_owner", db_name);
+    for mode in ["log", "table"] {
+        owner.batch_execute(&format!("SELECT outbox.outbox_set_mode('{mode}')")).unwrap();
+        assert!(count(&mut db, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox.outbox_log'::regclass") > 1);
+        let doctor = outbox(&["doctor", "--database-url", &doctor_url]);
+        assert_eq!(doctor.status.code(), Some(0), "in {mode} mode: {}", text(&doctor));
+    }
 }
