@@ -3,6 +3,7 @@
 
 use std::str::FromStr;
 
+use postgres::config::Host;
 use postgres::types::Type;
 use postgres::{Client, Config};
 
@@ -37,6 +38,33 @@ pub fn connect(url: &str, application_name: &str) -> Result<Client, ConnectError
     }
     config.ssl_mode(tls.mode);
     config.connect(connector(&tls)?).map_err(|e| ConnectError::Connect(error_text(&e)))
+}
+
+/// The database `url` names, as a log line may show it: `postgres://user@host:port/database`,
+/// rebuilt from what the URL parses to rather than masked in its text, so that no password can
+/// reach the log however it was written (in the URL's user info, a `password=` pair of a
+/// key=value string, quoted or not, or a `?password=` parameter).
+pub fn describe(url: &str) -> String {
+    let Some(config) = take_tls(url).ok().and_then(|(url, _)| Config::from_str(&url).ok()) else {
+        return "a database URL that does not parse".to_string();
+    };
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(n, host)| {
+            let name = match host {
+                Host::Tcp(name) if name.contains(':') => format!("[{name}]"),
+                Host::Tcp(name) => name.clone(),
+                Host::Unix(path) => path.display().to_string().replace('/', "%2F"),
+            };
+            let port = ports.get(n).or(ports.first()).copied().unwrap_or(5432);
+            format!("{name}:{port}")
+        })
+        .collect();
+    let user = config.get_user().map(|user| format!("{user}@")).unwrap_or_default();
+    format!("postgres://{user}{}/{}", hosts.join(","), config.get_dbname().unwrap_or(""))
 }
 
 /// A database error with its SQLSTATE, or what went wrong with the connection and why (a
@@ -141,6 +169,25 @@ mod tests {
 
     fn outbox(version: &str) -> Outbox {
         Outbox { schema: "public".into(), version: version.into(), deliveries: 1, extension: false }
+    }
+
+    #[test]
+    fn a_described_url_never_shows_its_password() {
+        for (url, described) in [
+            ("postgres://ops:s3cret@127.0.0.1:5433/app", "postgres://ops@127.0.0.1:5433/app"),
+            ("postgresql://ops:s3%40cret@db.example/app?sslmode=require", "postgres://ops@db.example:5432/app"),
+            ("postgres://ops@127.0.0.1/app?password=s3cret&application_name=x", "postgres://ops@127.0.0.1:5432/app"),
+            ("postgres://ops@127.0.0.1/app?application_name=x&password=s3cret", "postgres://ops@127.0.0.1:5432/app"),
+            ("host=127.0.0.1 port=5433 user=ops password=s3cret dbname=app", "postgres://ops@127.0.0.1:5433/app"),
+            ("host=127.0.0.1 user=ops password='s3cret with spaces' dbname=app", "postgres://ops@127.0.0.1:5432/app"),
+            ("host=a,b port=1,2 user=ops password=s3cret dbname=app", "postgres://ops@a:1,b:2/app"),
+            ("host=/run/postgresql user=ops password=s3cret", "postgres://ops@%2Frun%2Fpostgresql:5432/"),
+            ("postgres://ops:s3cret@[::1]:5433/app", "postgres://ops@[::1]:5433/app"),
+            ("postgres://ops:s3cret@127.0.0.1:notaport/app", "a database URL that does not parse"),
+            ("host=127.0.0.1 password='s3cret", "a database URL that does not parse"),
+        ] {
+            assert_eq!(describe(url), described, "{url}");
+        }
     }
 
     #[test]

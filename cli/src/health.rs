@@ -1,29 +1,31 @@
 //! `/healthz`, `/readyz` and `/metrics`, served on the address `--metrics` gives, on a thread
 //! of their own: a scrape never waits for the relay loop, nor the loop for a scrape.
 
+use std::net::ToSocketAddrs;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tiny_http::{Header, Response, Server};
-
+use crate::listener::{HostName, Listener, Response};
 use crate::metrics::Metrics;
 
-/// Starts serving on `address`; fails at once if it cannot listen there.
-pub fn serve(address: &str, metrics: Arc<Metrics>) -> Result<(), String> {
-    let server = Server::http(address).map_err(|e| format!("cannot serve metrics on {address}: {e}"))?;
+/// Starts serving on `address`, answering also the hosts `allowed` names; fails at once if it
+/// cannot listen there.
+pub fn serve(address: &str, allowed: &[HostName], metrics: Arc<Metrics>) -> Result<(), String> {
+    let cannot = |e: &dyn std::fmt::Display| format!("cannot serve metrics on {address}: {e}");
+    let addresses: Vec<_> = address.to_socket_addrs().map_err(|e| cannot(&e))?.collect();
+    // A scrape has no body.
+    let listener = Listener::start(&addresses, allowed, 0, "outbox-metrics").map_err(|e| cannot(&e))?;
     std::thread::Builder::new()
         .name("outbox-metrics".into())
         .spawn(move || {
-            for request in server.incoming_requests() {
-                let (status, body, content_type) = answer(request.url(), &metrics);
-                let header = Header::from_bytes("content-type", content_type).expect("a valid header");
-                let _ = request.respond(Response::from_string(body).with_status_code(status).with_header(header));
+            while let Some(exchange) = listener.next() {
+                let (status, body, content_type) = answer(exchange.request.path(), &metrics);
+                exchange.answer(Response::new(status, content_type, body));
             }
         })
         .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
     Ok(())
 }
-
 fn answer(path: &str, metrics: &Metrics) -> (u16, String, &'static str) {
     const TEXT: &str = "text/plain; charset=utf-8";
     match path {

@@ -6,6 +6,7 @@
 //! - `queue`: the relay's statements over a client connection (the core's `Queue`).
 //! - `wake`: signals, LISTEN and polling (the core's `Wake`).
 //! - `metrics`: counters and log lines (the core's `Report`); `health` serves them.
+//! - `listener`: the HTTP listener of the console and of `health`: its bounds, and whom it answers.
 //! - `presence`: the relay's row in outbox_relays.
 //! - `relay`: the `relay` command.
 //! - `migrate`: the `migrate` command; `script` makes its scripts from the extension's.
@@ -17,6 +18,7 @@ mod connection;
 mod console;
 mod doctor;
 mod health;
+mod listener;
 mod log_stream;
 mod metrics;
 mod migrate;

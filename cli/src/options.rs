@@ -10,6 +10,8 @@ use clap::Args;
 use outbox_core::delivery::Destinations;
 use outbox_core::settings::{defaults, millis, Settings};
 
+use crate::listener::{allowed_host, HostName};
+
 /// Where the outbox is.
 #[derive(Args, Debug, Clone)]
 pub struct DatabaseOptions {
@@ -35,6 +37,11 @@ pub struct RelayOptions {
     /// Serve /healthz, /readyz and /metrics on this address (e.g. 127.0.0.1:9187).
     #[arg(long, env = "OUTBOX_METRICS")]
     pub metrics: Option<String>,
+    /// Also answer /metrics requests that name this host (a name Prometheus scrapes by);
+    /// without it, only the --metrics address, localhost on loopback, or any IP address on
+    /// 0.0.0.0 or [::]. Repeat it, or separate names with commas.
+    #[arg(long = "allowed-host", env = "OUTBOX_ALLOWED_HOST", value_delimiter = ',', value_parser = allowed_host)]
+    pub allowed_hosts: Vec<HostName>,
     /// How often to look for due deliveries and endpoint changes when no commit wakes it.
     #[arg(long, env = "OUTBOX_POLL_INTERVAL", value_parser = duration, default_value = "1s")]
     pub poll_interval: Duration,
@@ -98,6 +105,11 @@ pub struct ConsoleOptions {
     /// Require HTTP basic authentication, with `user:password` in this file.
     #[arg(long, env = "OUTBOX_CONSOLE_BASIC_AUTH_FILE")]
     pub basic_auth_file: Option<PathBuf>,
+    /// Also answer requests that name this host, and pages of its origin (the name of a
+    /// reverse proxy in front); without it, only the --listen address, localhost on loopback,
+    /// or any IP address on 0.0.0.0 or [::]. Repeat it, or separate names with commas.
+    #[arg(long = "allowed-host", env = "OUTBOX_ALLOWED_HOST", value_delimiter = ',', value_parser = allowed_host)]
+    pub allowed_hosts: Vec<HostName>,
 }
 
 impl RelayOptions {

@@ -31,7 +31,7 @@ pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
     let own_settings = options.settings();
     let metrics = Arc::new(Metrics::default());
     if let Some(address) = &options.metrics {
-        crate::health::serve(address, metrics.clone()).map_err(RelayError::Setup)?;
+        crate::health::serve(address, &options.allowed_hosts, metrics.clone()).map_err(RelayError::Setup)?;
     }
     let mut wake =
         ProcessWake::new(options.listen_url.as_deref()).map_err(|e| RelayError::Setup(format!("cannot wait for signals: {e}")))?;

@@ -1,11 +1,12 @@
 //! Who may use the console and how: the address it listens on, the credentials a request must
-//! carry, and the checks that make every action a same-origin request of the console's own page.
+//! carry, and the checks that make every action a request of the console's own page (the
+//! listener has already refused other hosts and other sites: crate::listener).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 
+use crate::listener::Request;
 use base64::Engine;
-use tiny_http::Request;
 
 /// The header the console's script sends with every action: a cross-site form cannot set it,
 /// and a cross-site script cannot read the token (no CORS header is ever sent).
@@ -70,7 +71,7 @@ impl Credentials {
             Credentials::None => return true,
             Credentials::Bearer(value) | Credentials::Basic(value) => value,
         };
-        header(request, "authorization").is_some_and(|given| same_bytes(given.as_bytes(), expected.as_bytes()))
+        request.header("authorization").is_some_and(|given| same_bytes(given.as_bytes(), expected.as_bytes()))
     }
 
     /// The challenge a browser answers with a login prompt, for basic authentication.
@@ -104,32 +105,21 @@ pub fn listen_addresses(listen: &str, credentials: &Credentials) -> Result<Vec<S
     Ok(addresses)
 }
 
-/// Why an action request is refused as not coming from the console's own page, if it is:
-/// it must be JSON, carry the page's token, and say (where the browser says) that it comes
-/// from the same origin.
-pub fn cross_site(request: &Request, token: &str) -> Option<&'static str> {
-    let json = header(request, "content-type").is_some_and(|value| value.split(';').next().unwrap_or("").trim() == "application/json");
+/// Why an action request is refused as not coming from the console's own page, if it is: it
+/// must be JSON, carry the page's token, and say (where the browser says) that it comes from
+/// the same origin: a fetch of the page's script, never a navigation.
+pub fn not_from_the_page(request: &Request, token: &str) -> Option<&'static str> {
+    let json = request.header("content-type").is_some_and(|value| value.split(';').next().unwrap_or("").trim() == "application/json");
     if !json {
         return Some("an action is a JSON request (content-type: application/json)");
     }
-    if !header(request, TOKEN_HEADER).is_some_and(|given| same_bytes(given.as_bytes(), token.as_bytes())) {
+    if !request.header(TOKEN_HEADER).is_some_and(|given| same_bytes(given.as_bytes(), token.as_bytes())) {
         return Some("an action must come from the console's page: its token is missing or stale (reload the page)");
     }
-    if header(request, "sec-fetch-site").is_some_and(|site| site != "same-origin") {
+    if request.header("sec-fetch-site").is_some_and(|site| site != "same-origin") {
         return Some("a cross-site request cannot act");
     }
-    let host = header(request, "host");
-    if let Some(origin) = header(request, "origin") {
-        let origin_host = origin.split_once("://").map(|(_, rest)| rest);
-        if origin_host.is_none() || origin_host != host {
-            return Some("a cross-site request cannot act");
-        }
-    }
     None
-}
-
-pub fn header<'a>(request: &'a Request, name: &'static str) -> Option<&'a str> {
-    request.headers().iter().find(|h| h.field.equiv(name)).map(|h| h.value.as_str())
 }
 
 /// A token no one can guess: 32 bytes from the kernel's generator, in hex.

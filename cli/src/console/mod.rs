@@ -13,10 +13,10 @@ mod guard;
 mod reads;
 mod server;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::connection::{self, Compatibility};
+use crate::listener::Listener;
 use crate::options::ConsoleOptions;
 
 /// How many requests are served at once, each with its own database connection.
@@ -68,7 +68,8 @@ pub fn run(options: &ConsoleOptions) -> Result<(), ConsoleError> {
         Compatibility::Newer => return Err(ConsoleError::Version(outbox.version, connection::VERSION, "run a console of its version")),
     }
 
-    let http = tiny_http::Server::http(&addresses[..]).map_err(|e| ConsoleError::Serve(options.listen.clone(), e.to_string()))?;
+    let listener = Listener::start(&addresses, &options.allowed_hosts, server::MAX_ACTION_BYTES, "outbox-console")
+        .map_err(|e| ConsoleError::Serve(options.listen.clone(), e.to_string()))?;
     let site = Arc::new(server::Site {
         prefix,
         token: guard::random_token().map_err(ConsoleError::Token)?,
@@ -78,23 +79,22 @@ pub fn run(options: &ConsoleOptions) -> Result<(), ConsoleError> {
         reads: reads::Reads::new(&outbox.schema),
         actions: actions::Actions::new(&outbox.schema),
     });
-    let http = Arc::new(http);
-    let stopping = Arc::new(AtomicBool::new(false));
+    let listener = Arc::new(listener);
     let mut first = Some(client);
     let threads: Vec<_> = (0..SERVING_THREADS)
         .map(|n| {
-            let (http, site, client, stopping) = (Arc::clone(&http), Arc::clone(&site), first.take(), Arc::clone(&stopping));
+            let (listener, site, client) = (Arc::clone(&listener), Arc::clone(&site), first.take());
             std::thread::Builder::new()
                 .name(format!("outbox-console-{n}"))
-                .spawn(move || server::serve(&http, &site, client, &stopping))
+                .spawn(move || server::serve(&listener, &site, client))
                 .map_err(|e| ConsoleError::Serve(options.listen.clone(), e.to_string()))
         })
         .collect::<Result<_, _>>()?;
-    let address = http.server_addr().to_ip().map_or(options.listen.clone(), |a| a.to_string());
     eprintln!(
-        "outbox console: serving http://{address}{}/ for {} (schema {}, version {}){}",
+        "outbox console: serving http://{}{}/ for {} (schema {}, version {}){}",
+        listener.address(),
         site.prefix,
-        redacted(&options.database.database_url),
+        connection::describe(&options.database.database_url),
         outbox.schema,
         outbox.version,
         if site.read_only { ", read-only" } else { "" }
@@ -103,10 +103,7 @@ pub fn run(options: &ConsoleOptions) -> Result<(), ConsoleError> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])
         .map_err(|e| ConsoleError::Serve(options.listen.clone(), e.to_string()))?;
     signals.forever().next();
-    stopping.store(true, Ordering::SeqCst);
-    for _ in &threads {
-        http.unblock();
-    }
+    listener.stop();
     for thread in threads {
         let _ = thread.join();
     }
@@ -127,18 +124,6 @@ fn prefix(given: &str) -> Result<String, ConsoleError> {
     Ok(trimmed.to_string())
 }
 
-/// The database URL without its password, for the log.
-fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let user = &url[scheme + 3..at];
-            let user = user.split_once(':').map_or(user, |(name, _)| name);
-            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
-        }
-        _ => url.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,11 +137,5 @@ mod tests {
         for bad in ["outbox", "/a b", "/a\"b", "/../x", "//evil.example", "/a?b"] {
             assert!(prefix(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn the_log_never_shows_a_password() {
-        assert_eq!(redacted("postgres://ops:s3cret@127.0.0.1:5432/app"), "postgres://ops@127.0.0.1:5432/app");
-        assert_eq!(redacted("postgres://ops@127.0.0.1/app"), "postgres://ops@127.0.0.1/app");
     }
 }
