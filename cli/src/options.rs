@@ -12,8 +12,8 @@ use outbox_core::settings::{defaults, millis, Settings};
 
 use crate::listener::{allowed_host, HostName};
 
-/// Where the outbox is.
-#[derive(Args, Debug, Clone)]
+/// Where the outbox is. No Debug: the URL may carry a password.
+#[derive(Args, Clone)]
 pub struct DatabaseOptions {
     /// libpq connection URL (postgres://user@host:port/database); may name a PgBouncer in
     /// transaction pooling mode.
@@ -26,7 +26,7 @@ pub struct DatabaseOptions {
 }
 
 /// `outbox relay`.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Clone)]
 pub struct RelayOptions {
     #[command(flatten)]
     pub database: DatabaseOptions,
@@ -84,7 +84,7 @@ pub struct RelayOptions {
 }
 
 /// `outbox console`.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Clone)]
 pub struct ConsoleOptions {
     #[command(flatten)]
     pub database: DatabaseOptions,

@@ -32,7 +32,7 @@ pub enum GuardError {
 }
 
 /// What a request must carry in its `Authorization` header.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Credentials {
     /// Loopback only.
     None,
@@ -40,6 +40,17 @@ pub enum Credentials {
     Bearer(String),
     /// `Basic <user:password in base64>`: the browser asks for it.
     Basic(String),
+}
+
+/// Which kind, never the value: it is what a client must send.
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Credentials::None => "Credentials::None",
+            Credentials::Bearer(_) => "Credentials::Bearer(…)",
+            Credentials::Basic(_) => "Credentials::Basic(…)",
+        })
+    }
 }
 
 impl Credentials {
@@ -133,6 +144,14 @@ pub fn random_token() -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_never_print_their_value() {
+        for credentials in [Credentials::Bearer("Bearer s3cret".into()), Credentials::Basic("Basic b3BzOnBhOnNz".into())] {
+            let printed = format!("{credentials:?}");
+            assert!(!printed.contains("s3cret") && !printed.contains("b3BzOnBhOnNz"), "{printed}");
+        }
+    }
 
     #[test]
     fn loopback_needs_nothing_and_any_other_address_needs_credentials() {
