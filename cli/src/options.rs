@@ -1,7 +1,7 @@
 //! The relay's configuration: each flag also reads an environment variable (`OUTBOX_…`), and
 //! `--config FILE` reads such variables from a file (one `OUTBOX_NAME=value` per line, as
-//! systemd's `EnvironmentFile=` takes them). A flag wins over the environment, the
-//! environment over the file.
+//! systemd's `EnvironmentFile=` takes them, and libpq's variables that the connections read,
+//! such as `PGPASSFILE`). A flag wins over the environment, the environment over the file.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,11 +10,15 @@ use clap::Args;
 use outbox_core::delivery::Destinations;
 use outbox_core::settings::{defaults, millis, Settings};
 
+use crate::connection::LIBPQ_VARIABLES;
+
 /// Where the outbox is.
 #[derive(Args, Debug, Clone)]
 pub struct DatabaseOptions {
-    /// libpq connection URL (postgres://user@host:port/database); may name a PgBouncer in
-    /// transaction pooling mode.
+    /// libpq connection URL (postgres://user@host:port/database) or key=value string; may name
+    /// a PgBouncer in transaction pooling mode. As libpq, what it leaves out comes from PGHOST,
+    /// PGPORT, PGUSER, PGDATABASE, PGSSLMODE and PGSSLROOTCERT, and a password it does not give
+    /// from PGPASSWORD, else the password file (PGPASSFILE, else ~/.pgpass).
     #[arg(long, env = "OUTBOX_DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// The schema of the SQL install (ignored where the extension is installed, which is found
@@ -162,8 +166,8 @@ pub fn load_config_file(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The `NAME=value` lines of a configuration file; blank lines and `#` comments are skipped,
-/// and a value may be quoted.
+/// The `NAME=value` lines of a configuration file (`OUTBOX_…` and `LIBPQ_VARIABLES`); blank
+/// lines and `#` comments are skipped, and a value may be quoted.
 fn parse_config(text: &str) -> Result<Vec<(String, String)>, String> {
     let mut pairs = Vec::new();
     for (number, line) in text.lines().enumerate() {
@@ -175,8 +179,13 @@ fn parse_config(text: &str) -> Result<Vec<(String, String)>, String> {
             return Err(format!("line {}: expected OUTBOX_NAME=value", number + 1));
         };
         let name = name.trim();
-        if !name.starts_with("OUTBOX_") || !name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') {
-            return Err(format!("line {}: {name:?} is not an OUTBOX_ variable", number + 1));
+        let ours = name.starts_with("OUTBOX_") && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+        if !ours && !LIBPQ_VARIABLES.contains(&name) {
+            return Err(format!(
+                "line {}: {name:?} is neither an OUTBOX_ variable nor one of libpq's read here ({})",
+                number + 1,
+                LIBPQ_VARIABLES.join(", ")
+            ));
         }
         let value = value.trim();
         let unquoted = ['"', '\''].iter().find_map(|q| value.strip_prefix(*q).and_then(|v| v.strip_suffix(*q)));
@@ -214,7 +223,9 @@ mod tests {
                 ("OUTBOX_METRICS".to_string(), "127.0.0.1:9".to_string())
             ]
         );
-        assert!(parse_config("PATH=/tmp").unwrap_err().contains("not an OUTBOX_ variable"));
+        assert!(parse_config("PATH=/tmp").unwrap_err().contains("neither an OUTBOX_ variable nor one of libpq's"));
+        assert!(parse_config("PGOPTIONS=-c x=1").unwrap_err().contains("PGHOST, PGPORT"), "only the variables this binary reads");
+        assert_eq!(parse_config("PGPASSFILE=/etc/outbox/pgpass").unwrap(), [("PGPASSFILE".to_string(), "/etc/outbox/pgpass".to_string())]);
         assert!(parse_config("OUTBOX_X").unwrap_err().contains("line 1"));
     }
 }
