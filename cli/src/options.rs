@@ -109,6 +109,7 @@ impl RelayOptions {
         let never_if_zero = |d: Duration| (!d.is_zero()).then_some(d);
         Settings {
             webhook_url: self.webhook_url.trim().to_string(),
+            webhook_url_from: "--webhook-url (OUTBOX_WEBHOOK_URL)",
             http_timeout: self.http_timeout,
             batch_size: self.batch_size,
             concurrency: self.concurrency,
