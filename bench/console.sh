@@ -37,7 +37,7 @@ qc() { psql_cluster -d console -tA -c "$1"; }
 
 echo "bench: writing $EVENTS events over 7 days, one delivery each to billing, $DEAD of them dead with a failed attempt"
 started=$(date +%s)
-qc "SELECT outbox.outbox_endpoint_drop('default'); SELECT outbox.outbox_endpoint_set('billing', 'http://127.0.0.1:9/', '{order.*}')" >/dev/null
+qc "SELECT outbox.outbox_endpoint_set('billing', 'http://127.0.0.1:9/', '{order.*}')" >/dev/null
 qc "INSERT INTO outbox.outbox (topic, payload, key, created_at)
     SELECT CASE WHEN n % 10 = 0 THEN 'order.cancelled' ELSE 'order.placed' END,
            jsonb_build_object('order', n, 'customer', 'c-' || (n % 5000), 'total', n % 977),

@@ -51,6 +51,8 @@ start_cluster "$DIR/pg" "$PORT" "outbox.workers = 2" "max_wal_size = '4GB'" "che
 psql_cluster -q -c "CREATE EXTENSION outbox_ext" -c "CREATE DATABASE sqli" -c "CREATE ROLE outbox_owner LOGIN" \
   -c "GRANT CREATE ON DATABASE sqli TO outbox_owner" -c "CREATE ROLE outbox_relay LOGIN IN ROLE outbox_owner"
 "$OUTBOX" migrate --database-url "postgres://outbox_owner@127.0.0.1:$PORT/sqli" 2>/dev/null
+# The endpoint default, at the relays' --webhook-url, as the workers' is at outbox.webhook_url.
+psql_cluster -q -d sqli -c "SELECT outbox.outbox_endpoint_set('default', NULL)"
 start_pgbouncer "$DIR/pgbouncer" "$BOUNCER_PORT" outbox_relay
 
 # qs: a query on the SQL install, as q is on the extension's database.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The outbox binary's end-to-end tests (cli/tests/): a cluster of their own with the extension's
 # library installed (some tests compare the SQL install with it, or refuse it) and no relay
-# workers; each test makes its own database and roles.
+# workers; each test makes its own database and roles. tests/managed_page.rs runs the managed
+# page's steps against a server and a PgBouncer of its own, on PORT + 1 and PORT + 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

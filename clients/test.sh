@@ -41,7 +41,7 @@ psql_cluster -q -c "CREATE ROLE outbox_owner LOGIN" -c "GRANT CREATE ON DATABASE
 target/release/outbox migrate --database-url "postgres://outbox_owner@127.0.0.1:$PORT/postgres" --schema outbox 2>/dev/null
 # The clients name the functions unqualified, as with the extension in public: the database
 # puts the outbox's schema on every session's path (a pooler passes no startup options).
-psql_cluster -q -c "ALTER DATABASE postgres SET search_path = outbox, public" -c "SELECT outbox.outbox_endpoint_drop('default')"
+psql_cluster -q -c "ALTER DATABASE postgres SET search_path = outbox, public"
 start_pgbouncer "$DIR/pgbouncer" "$BOUNCER_PORT" postgres
 OUTBOX_SCHEMA=outbox DATABASE_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres" conform
 exit $failed

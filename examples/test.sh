@@ -67,8 +67,6 @@ wait_for_port() {
 start_cluster "$DIR/pg" "$PORT" "shared_preload_libraries = ''"
 q postgres "CREATE DATABASE shop"
 "$OUTBOX" migrate --database-url "$URL/shop" --schema outbox >"$DIR/migrate.log" 2>&1
-# Only the examples' endpoints: without default, no event waits for a webhook that nobody serves.
-q shop "SELECT outbox.outbox_endpoint_drop('default')" >/dev/null
 q shop "CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL, total numeric(10,2) NOT NULL,
                              created_at timestamptz NOT NULL DEFAULT now());
         CREATE TABLE receipts (id bigserial PRIMARY KEY, order_id bigint NOT NULL, total numeric(10,2) NOT NULL);

@@ -42,6 +42,8 @@ if [ "$MODE" = all ] || [ "$MODE" = relays ]; then
   psql_cluster -q -c "CREATE ROLE outbox_owner LOGIN" -c "GRANT CREATE ON DATABASE postgres TO outbox_owner" \
     -c "CREATE ROLE outbox_relay LOGIN IN ROLE outbox_owner"
   target/release/outbox migrate --database-url "postgres://outbox_owner@127.0.0.1:$PORT/postgres" --schema outbox
+  # The scenarios deliver to the endpoint default, at the relays' --webhook-url.
+  psql_cluster -q -c "SELECT outbox.outbox_endpoint_set('default', NULL)"
   BOUNCER_PORT=16350
   start_pgbouncer "$DIR/pgbouncer" "$BOUNCER_PORT" outbox_relay postgres
   trap 'stop_pgbouncer "$DIR/pgbouncer"; cleanup' EXIT

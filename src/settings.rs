@@ -266,6 +266,7 @@ pub fn relay() -> bool {
 pub fn read() -> Settings {
     Settings {
         webhook_url: string_value(&WEBHOOK_URL).trim().to_string(),
+        webhook_url_from: "outbox.webhook_url",
         http_timeout: millis(HTTP_TIMEOUT_MS.get()),
         batch_size: BATCH_SIZE.get() as usize,
         concurrency: CONCURRENCY.get() as usize,

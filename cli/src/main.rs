@@ -2,7 +2,8 @@
 //! library (managed PostgreSQL), or beside the extension with `outbox.workers = 0`.
 //!
 //! - `options`: flags, environment variables and the configuration file.
-//! - `connection`: connecting, and finding the outbox and its version.
+//! - `connection`: connecting (the URL made whole from libpq's environment; `pgpass`: the
+//!   password file), and finding the outbox and its version.
 //! - `queue`: the relay's statements over a client connection (the core's `Queue`).
 //! - `wake`: signals, LISTEN and polling (the core's `Wake`).
 //! - `metrics`: counters and log lines (the core's `Report`); `health` serves them.
@@ -23,6 +24,7 @@ mod log_stream;
 mod metrics;
 mod migrate;
 mod options;
+mod pgpass;
 mod presence;
 mod queue;
 mod relay;
@@ -46,8 +48,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(name = "outbox", version, about = "The outbox_ext relay, outside the server")]
 struct Cli {
-    /// Read OUTBOX_… variables from this file (one NAME=value per line); the environment and
-    /// the flags win over it.
+    /// Read OUTBOX_… variables (and libpq's PGPASSFILE, PGHOST, …) from this file (one
+    /// NAME=value per line); the environment and the flags win over it.
     #[arg(long, env = "OUTBOX_CONFIG", global = true)]
     config: Option<PathBuf>,
     #[command(subcommand)]

@@ -7,14 +7,12 @@
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BytesMut};
 use postgres::config::{Host, SslMode};
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::Config;
 use postgres_protocol::authentication::md5_hash;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
 use postgres_protocol::message::backend::Message;
@@ -22,8 +20,8 @@ use postgres_protocol::message::frontend;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConnection, StreamOwned};
 
-use crate::connection::ConnectError;
-use crate::tls::{client_config, take_tls};
+use crate::connection::{target, ConnectError, Target};
+use crate::tls::client_config;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicationError {
@@ -55,39 +53,40 @@ pub struct ReplicationConnection {
 }
 
 impl ReplicationConnection {
-    /// Connects to the database of `url` for logical replication, as its user (who needs the
-    /// REPLICATION attribute), with the TLS the URL asks for and the session's `settings`.
+    /// Connects to the database of `url` (made whole as every connection is: crate::connection)
+    /// for logical replication, as its user (who needs the REPLICATION attribute), with the TLS
+    /// the URL asks for and the session's `settings`.
     pub fn connect(
         url: &str,
         application_name: &str,
         settings: &[(&str, &str)],
         timeout: Duration,
     ) -> Result<ReplicationConnection, ReplicationError> {
-        let (url, tls) = take_tls(url).map_err(ConnectError::from)?;
-        let config = Config::from_str(&url).map_err(ConnectError::Url)?;
-        let user = match config.get_user() {
-            Some(user) => user.to_string(),
-            None => whoami::username().map_err(|e| ReplicationError::Protocol(format!("no user in the URL, and {e}")))?,
-        };
+        let Target { config, tls, .. } = target(url)?;
+        let user = config.get_user().unwrap_or_default().to_string();
         let port = config.get_ports().first().copied().unwrap_or(5432);
-        let socket = match config.get_hosts().first() {
-            Some(Host::Unix(directory)) => Socket::Unix(UnixStream::connect(directory.join(format!(".s.PGSQL.{port}")))?),
-            Some(Host::Tcp(host)) => {
-                let tcp = connect_tcp(host, port, timeout)?;
+        let host = match (config.get_hosts().first(), config.get_hostaddrs().first()) {
+            (Some(Host::Unix(directory)), _) => Err(directory.join(format!(".s.PGSQL.{port}"))),
+            (Some(Host::Tcp(host)), _) => Ok(host.clone()),
+            (None, address) => Ok(address.map(ToString::to_string).unwrap_or_default()),
+        };
+        let socket = match host {
+            Err(path) => Socket::Unix(UnixStream::connect(path)?),
+            Ok(host) => {
+                let tcp = connect_tcp(&host, port, timeout)?;
                 // A server that accepts the connection and says nothing holds no one up for long.
                 tcp.set_read_timeout(Some(timeout))?;
                 tcp.set_write_timeout(Some(timeout))?;
                 if tls.mode == SslMode::Disable {
                     Socket::Tcp(tcp)
                 } else {
-                    start_tls(tcp, host, &tls)?
+                    start_tls(tcp, &host, &tls)?
                 }
             }
-            None => Socket::Unix(UnixStream::connect(format!("/var/run/postgresql/.s.PGSQL.{port}"))?),
         };
         let mut connection = ReplicationConnection { socket, received: BytesMut::new() };
         connection.socket.set_read_timeout(Some(timeout))?;
-        let database = config.get_dbname().unwrap_or(&user).to_string();
+        let database = config.get_dbname().unwrap_or_default().to_string();
         let name = config.get_application_name().unwrap_or(application_name).to_string();
         let mut parameters =
             vec![("user", user.as_str()), ("database", &database), ("replication", "database"), ("application_name", &name)];

@@ -1,8 +1,8 @@
 //! The SQL install's scripts, made from the extension's: the same files of `sql/` in the same
 //! order, with what only an extension script can do taken out (`\echo` guards, the
 //! `pg_extension_config_dump` marks for pg_dump, the functions written in C, which
-//! `sql/sql_install.sql` declares in PL/pgSQL instead) and `@extschema@` replaced by the
-//! schema chosen.
+//! `sql/sql_install.sql` declares in PL/pgSQL instead, and the endpoint `default`, whose URL is
+//! a setting only the extension has) and `@extschema@` replaced by the schema chosen.
 
 /// The install script of the version this binary is: the files `src/lib.rs` declares, in its
 /// order, then the SQL forms of the library's functions.
@@ -50,7 +50,10 @@ pub fn for_sql_install(script: &str, schema: &str, current: bool) -> String {
     outbox_core::statements::qualify(&sql, schema)
 }
 
-/// Whether `statement` is one only an extension script runs.
+/// Whether `statement` is one only an extension script runs. The endpoint `default` is one:
+/// its null URL means `outbox.webhook_url`, a setting the SQL install does not have, so made
+/// there it would hold a delivery of every event for no one and fail from the start. An event
+/// no endpoint takes is kept as unrouted, and `outbox_endpoint_set('default', …)` makes it.
 fn extension_only(statement: &str) -> bool {
     let code = without_comments(statement);
     let code = code.trim_start();
@@ -58,6 +61,7 @@ fn extension_only(statement: &str) -> bool {
         || code.contains("pg_extension_config_dump")
         || code.contains("'MODULE_PATHNAME'")
         || library_function_privilege(code)
+        || code.starts_with("INSERT INTO @extschema@.outbox_endpoints (name) VALUES ('default')")
 }
 
 /// A GRANT or REVOKE on one of the functions `sql/sql_install.sql` declares again, with its
@@ -166,12 +170,14 @@ mod tests {
                       SELECT pg_catalog.pg_extension_config_dump('outbox', '');\n\
                       -- Written in Rust\nCREATE OR REPLACE FUNCTION @extschema@.outbox_enqueued()\nRETURNS bigint\nLANGUAGE c\nAS 'MODULE_PATHNAME', 'outbox_enqueued_wrapper';\n\
                       REVOKE ALL ON FUNCTION @extschema@.outbox_enqueued() FROM PUBLIC;\n\
-                      REVOKE ALL ON FUNCTION @extschema@.outbox_stats() FROM PUBLIC;\n";
+                      REVOKE ALL ON FUNCTION @extschema@.outbox_stats() FROM PUBLIC;\n\
+                      -- Setting only outbox.webhook_url delivers every event, as 0.1.0 did.\n\
+                      INSERT INTO @extschema@.outbox_endpoints (name) VALUES ('default');\n";
         let sql = for_sql_install(script, "app", true);
         let before_sql_install = &sql[..sql.find("-- The SQL install's forms").expect("sql/sql_install.sql follows")];
         assert!(before_sql_install.contains("CREATE TABLE app.outbox"));
         assert!(before_sql_install.contains("outbox_stats()"), "privileges of functions in SQL stay");
-        for gone in ["\\echo", "pg_extension_config_dump", "MODULE_PATHNAME", "outbox_enqueued()", "@extschema@"] {
+        for gone in ["\\echo", "pg_extension_config_dump", "MODULE_PATHNAME", "outbox_enqueued()", "@extschema@", "'default'"] {
             assert!(!before_sql_install.contains(gone), "{gone} is left out:\n{before_sql_install}");
         }
         assert!(!sql.contains("@extschema@"));

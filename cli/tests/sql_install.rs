@@ -224,6 +224,32 @@ fn the_relay_delivers_from_the_sql_install_woken_by_listen_and_refuses_a_newer_s
     assert_eq!(receiver.count(), 1, "the rolled-back event was never sent");
 }
 
+#[test]
+fn migrate_makes_no_endpoint_default_and_a_relay_names_its_own_remedy_for_one_without_a_url() {
+    let mut db = fresh_database("outbox_t_default");
+    migrate("outbox_t_default", &[]);
+    let mut owner = connect("outbox_owner", "outbox_t_default");
+    let endpoints: i64 = owner.query_one("SELECT count(*) FROM outbox.outbox_endpoints", &[]).unwrap().get(0);
+    assert_eq!(endpoints, 0, "no endpoint default: its URL would be a setting the SQL install has not got");
+    owner.batch_execute("SELECT outbox.outbox_enqueue('order.placed', '{}')").unwrap();
+    let (pending, unrouted): (i64, i64) =
+        owner.query_one("SELECT pending, unrouted FROM outbox.outbox_stats()", &[]).map(|row| (row.get(0), row.get(1))).unwrap();
+    assert_eq!((pending, unrouted), (0, 1), "an event no endpoint takes is kept as unrouted, waiting for no one");
+
+    // Made by hand with no URL, and no --webhook-url: the relay says what fixes it, in its terms.
+    owner.batch_execute("SELECT outbox.outbox_endpoint_set('default', NULL)").unwrap();
+    let relay = Relay::start(&["--database-url", &url("outbox_relay", "outbox_t_default")]);
+    let mut last_error =
+        || -> Option<String> { db.query_one("SELECT last_error FROM outbox.outbox_endpoints WHERE name = 'default'", &[]).unwrap().get(0) };
+    wait_until("the relay records why default cannot be sent to", Duration::from_secs(20), || last_error().is_some());
+    let said = last_error().unwrap();
+    assert!(said.contains("set --webhook-url (OUTBOX_WEBHOOK_URL)") && said.contains("outbox_endpoint_drop('default')"), "{said}");
+    assert!(!said.contains("outbox.webhook_url"), "no setting the SQL install has not got: {said}");
+    let (status, logged) = relay.stop();
+    assert_eq!(status, 0, "{logged}");
+    assert!(logged.contains("not delivering to endpoint default") && !logged.contains("outbox.webhook_url"), "{logged}");
+}
+
 /// Operators and functions a non-superuser plants in `evil`, each an exact match for a lookup
 /// that outbox_enqueue would make if it named something without its schema; each records that
 /// it ran (as whoever called it: outbox_enqueue's owner, had it been redirected).
@@ -288,7 +314,7 @@ fn enqueue_every_way(database: &str, schema: &str) -> (String, Vec<String>, Stri
         "SET search_path = {schema};
          GRANT USAGE ON SCHEMA {schema} TO mallory;
          GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, timestamptz) TO mallory;
-         SELECT outbox_endpoint_drop('default');
+         SELECT outbox_endpoint_drop(name) FROM outbox_endpoints WHERE name = 'default';
          SELECT outbox_endpoint_set('hooks', 'http://127.0.0.1:9/h', '{{order.*}}');
          SELECT outbox_endpoint_set('jobs', NULL, '{{order.*}}', kind => 'pull', ordered => true, notify => true);"
     ))

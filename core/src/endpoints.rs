@@ -48,7 +48,8 @@ pub struct EndpointRow {
     pub ordered: bool,
 }
 
-/// The endpoint whose null URL means the setting `outbox.webhook_url`.
+/// The endpoint whose null URL means the setting `outbox.webhook_url` (the relay's
+/// `--webhook-url`).
 const DEFAULT_ENDPOINT: &str = "default";
 /// A claim's lease outlasts the endpoint's request timeout by at least this much, so that a
 /// delivery is never claimed again while its request may still be running.
@@ -104,7 +105,11 @@ impl Endpoints {
                 let target = Target::new(&url, &row.secrets, &row.headers, row.timeout.unwrap_or(settings.http_timeout))
                     .map(Arc::new)
                     .map_err(|reason| match (row.url.is_none(), row.name.as_str()) {
-                        (true, DEFAULT_ENDPOINT) => format!("{reason}: set outbox.webhook_url, or the url of the endpoint default"),
+                        (true, DEFAULT_ENDPOINT) => format!(
+                            "{reason}: set {}, or give the endpoint default a URL (outbox_endpoint_set('default', 'https://…')), \
+                             or drop it (outbox_endpoint_drop('default')) if other endpoints take the events",
+                            settings.webhook_url_from
+                        ),
                         _ => reason.to_string(),
                     });
                 if let Err(reason) = &target {
@@ -258,6 +263,7 @@ mod tests {
     fn settings(webhook_url: &str) -> Settings {
         Settings {
             webhook_url: webhook_url.to_string(),
+            webhook_url_from: "outbox.webhook_url",
             http_timeout: Duration::from_secs(10),
             batch_size: 100,
             concurrency: 128,
@@ -295,6 +301,10 @@ mod tests {
         assert_eq!(unusable.len(), 1, "{unusable:?}");
         assert_eq!(&*unusable[0].0, DEFAULT_ENDPOINT);
         assert!(unusable[0].1.contains("set outbox.webhook_url"), "{}", unusable[0].1);
+        assert!(unusable[0].1.contains("outbox_endpoint_drop('default')"), "{}", unusable[0].1);
+        let relay = Settings { webhook_url_from: "--webhook-url", ..settings("") };
+        let said = Endpoints::default().refresh(vec![row(DEFAULT_ENDPOINT, None)], 1, &relay);
+        assert!(said[0].1.contains("set --webhook-url,") && !said[0].1.contains("outbox.webhook_url"), "{}", said[0].1);
         assert!(endpoints.refresh(rows.clone(), 2, &settings("")).is_empty(), "unchanged: not said again");
         assert!(endpoints.refresh(rows.clone(), 3, &settings("http://127.0.0.1:9/")).is_empty(), "the setting fixed it");
         assert_eq!(endpoints.refresh(rows, 4, &settings("")).len(), 1, "unset again: said again");

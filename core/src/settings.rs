@@ -8,6 +8,9 @@ use std::time::Duration;
 pub struct Settings {
     /// The default endpoint's URL when its own is null.
     pub webhook_url: String,
+    /// What sets `webhook_url` for this driver, named when `default` has no URL: the
+    /// extension's setting, or the `outbox relay` flag (the SQL install has no such setting).
+    pub webhook_url_from: &'static str,
     pub http_timeout: Duration,
     pub batch_size: usize,
     pub concurrency: usize,
@@ -51,6 +54,7 @@ impl Default for Settings {
         use defaults::*;
         Settings {
             webhook_url: String::new(),
+            webhook_url_from: "outbox.webhook_url",
             http_timeout: millis(HTTP_TIMEOUT_MS),
             batch_size: BATCH_SIZE as usize,
             concurrency: CONCURRENCY as usize,

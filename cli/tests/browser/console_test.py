@@ -160,7 +160,6 @@ def prepare():
     receiver = Receiver()
     with psycopg.connect(url("outbox_owner"), autocommit=True) as conn:
         conn.execute("GRANT USAGE ON SCHEMA outbox TO app_producer, app_consumer, ops, monitor")
-        conn.execute("SELECT outbox.outbox_endpoint_drop('default')")
         conn.execute("SELECT outbox.outbox_endpoint_set('billing', %s, '{order.*}', max_attempts => 2)", (receiver.url,))
         conn.execute("SELECT outbox.outbox_endpoint_set('mailer', NULL, '{mail.*}', kind => 'pull')")
         conn.execute(recipe_sql_with("-- producer: enqueues in its own transactions"))
