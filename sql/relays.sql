@@ -45,11 +45,12 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_relay_processes() FROM PUBLIC;
 -- What the server tells an `outbox relay` serving the extension's install, as it tells the
 -- relay workers: whether outbox.relay lets a relay serve this database, read as a session
 -- beginning now would read it (ALTER DATABASE … SET and ALTER ROLE … SET hold for the sessions
--- that begin after them, and the relay's is older), and outbox.allowed_destinations, which only
--- superusers may read. No row where no library defines them: the SQL install's relay obeys its
--- own flags alone.
+-- that begin after them, and the relay's is older); outbox.allowed_destinations; and
+-- outbox.webhook_url, the URL of the endpoint default while its own is null. Only superusers
+-- may read the last two. No row where no library defines them: the SQL install's relay obeys
+-- its own flags alone.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_relay_server_settings()
-RETURNS TABLE (serves boolean, allowed_destinations text)
+RETURNS TABLE (serves boolean, allowed_destinations text, webhook_url text)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
@@ -79,7 +80,8 @@ BEGIN
         stored := coalesce((SELECT f.setting FROM pg_file_settings AS f
                              WHERE f.name = 'outbox.relay' AND f.applied ORDER BY f.seqno DESC LIMIT 1), relay.boot_val);
     END IF;
-    RETURN QUERY SELECT coalesce(stored, relay.setting)::boolean, current_setting('outbox.allowed_destinations');
+    RETURN QUERY SELECT coalesce(stored, relay.setting)::boolean, current_setting('outbox.allowed_destinations'),
+                        current_setting('outbox.webhook_url');
 END
 $$;
 

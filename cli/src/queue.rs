@@ -291,7 +291,9 @@ impl Queue for ClientQueue {
         if server != self.server {
             match server.as_ref().and_then(ServerSettings::refusal) {
                 Some(refusal) => say(Level::Log, &refusal),
-                None => say(Level::Log, "the server's outbox.allowed_destinations changed: starting again under it"),
+                None => {
+                    say(Level::Log, "the server's outbox.allowed_destinations or outbox.webhook_url changed: starting again under them")
+                }
             }
             return Err(QueueError::Gone);
         }

@@ -41,7 +41,9 @@ pub fn run(options: &RelayOptions) -> Result<(), RelayError> {
             return Ok(());
         };
         let mut settings = own_settings.clone();
-        settings.server_allowed_destinations = server.as_ref().map(|server| server.allowed_destinations.clone());
+        if let Some(server) = &server {
+            server.apply(&mut settings);
+        }
         let presence = match Presence::register(&mut client, &outbox, wake.wants_notifications.clone(), wake.unheard.clone()) {
             Ok(presence) => presence,
             Err(e) => {

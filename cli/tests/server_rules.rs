@@ -132,3 +132,18 @@ fn a_relay_serving_the_extension_delivers_nothing_while_outbox_relay_is_off_when
     assert_eq!(status, 0, "{said}");
     assert!(said.contains("outbox.relay is off for this database"), "{said}");
 }
+
+#[test]
+fn a_relay_serving_the_extension_sends_the_endpoint_default_to_the_servers_webhook_url() {
+    let receiver = Receiver::start();
+    let mut db = fresh_database("outbox_t_ext_webhook_url");
+    // The endpoint default as CREATE EXTENSION makes it: no URL of its own.
+    db.batch_execute("CREATE SCHEMA outbox; CREATE EXTENSION outbox_ext SCHEMA outbox").unwrap();
+    let _url = ServerSetting::set("outbox.webhook_url", &receiver.url);
+    let relay_url = url("postgres", "outbox_t_ext_webhook_url");
+    let mut relay = Relay::start(&["--database-url", &relay_url, "--poll-interval", "100ms"]);
+    db.batch_execute("SELECT outbox.outbox_enqueue('order.placed', '{}')").unwrap();
+    relay.wait_until("the event reaches outbox.webhook_url", Duration::from_secs(20), || receiver.count() == 1);
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
+}
