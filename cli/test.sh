@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The outbox binary's end-to-end tests (cli/tests/): a cluster of their own with the extension's
 # library installed (some tests compare the SQL install with it, or refuse it) and no relay
-# workers; each test makes its own database and roles. tests/managed_page.rs runs the managed
-# page's steps against a server and a PgBouncer of its own, on PORT + 1 and PORT + 2.
+# workers, and one on PORT + 3 that loads no outbox library, as a managed server; each test
+# makes its own database and roles. tests/managed_page.rs runs the managed page's steps against
+# a server and a PgBouncer of its own, on PORT + 1 and PORT + 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,9 +29,18 @@ openssl x509 -req -in "$TLS/server.csr" -CA "$TLS/ca.pem" -CAkey "$TLS/ca.key" -
 chown postgres "$TLS/server.key" "$TLS/server.pem" 2>/dev/null || true
 chmod 600 "$TLS/server.key"
 
+# A second cluster that loads no outbox library, as a managed server: there every outbox.*
+# name is a placeholder that any role may SET.
+MANAGED_PORT=$((PORT + 3))
+start_cluster "$DIR/pg-managed" "$MANAGED_PORT" "shared_preload_libraries = ''"
+MANAGED_DIR=$CLUSTER_DIR
+cleanup() { stop_cluster; CLUSTER_DIR=$MANAGED_DIR stop_cluster; rm -rf "$DIR"; }
+
 start_cluster "$DIR/pg" "$PORT" "outbox.workers = 0" "wal_level = logical" "ssl = on" "ssl_cert_file = '$TLS/server.pem'" "ssl_key_file = '$TLS/server.key'"
 # One at a time: a test's relay must not deliver another test's events.
-OUTBOX_TEST_URL="postgres://postgres@127.0.0.1:$PORT/postgres" OUTBOX_TEST_TLS="$TLS" cargo test -q -p outbox --test '*' -- --test-threads=1 "$@"
+OUTBOX_TEST_URL="postgres://postgres@127.0.0.1:$PORT/postgres" OUTBOX_TEST_TLS="$TLS" \
+  OUTBOX_TEST_MANAGED_URL="postgres://postgres@127.0.0.1:$MANAGED_PORT/postgres" \
+  cargo test -q -p outbox --test '*' -- --test-threads=1 "$@"
 
 # The console in Debian's Chromium, driven by Playwright (cargo test built target/debug/outbox).
 OUTBOX_TEST_URL="postgres://postgres@127.0.0.1:$PORT/postgres" OUTBOX=target/debug/outbox python3 cli/tests/browser/console_test.py "$@"

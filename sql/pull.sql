@@ -36,7 +36,7 @@ DECLARE
 BEGIN
     PERFORM @extschema@.outbox_check_consumer(outbox_claim.endpoint, 'outbox_claim');
     target := @extschema@.outbox_pull_endpoint(outbox_claim.endpoint, 'outbox_claim');
-    cap := coalesce(target.max_attempts, nullif(current_setting('outbox.max_attempts', true), '')::integer, 10);
+    cap := coalesce(target.max_attempts, @extschema@.outbox_max_attempts());
     IF max_events IS NULL OR max_events NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'outbox_claim: max_events must be between 1 and 1000'
               USING ERRCODE = 'invalid_parameter_value';
@@ -223,9 +223,7 @@ BEGIN
                               least(interval '1 second' * 2 ^ least(greatest(d.attempts - 1, 0), 12), interval '1 hour')
                               * (0.5 + 0.5 * random())),
            claimed_by   = NULL,
-           dead_at      = CASE WHEN d.attempts >= coalesce(e.max_attempts,
-                                                           nullif(current_setting('outbox.max_attempts', true), '')::integer,
-                                                           10)
+           dead_at      = CASE WHEN d.attempts >= coalesce(e.max_attempts, @extschema@.outbox_max_attempts())
                                THEN now() END
       FROM @extschema@.outbox_endpoints AS e
      WHERE e.name = d.endpoint

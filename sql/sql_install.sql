@@ -31,22 +31,27 @@ DECLARE
     endpoint_notifies boolean;
     one_snapshot boolean;
     deliveries bigint;
+    log_mode boolean;
+    payload_limit integer;
+    horizon interval;
 BEGIN
-    -- One expression passes the common case: no deliver_at, and the size limit at its
-    -- default of 1MB (as the library shows it, or not set). Anything else is checked one by
-    -- one, with the library's errors. The settings are read as the library reads them: shown
-    -- with units where it is loaded, or set as placeholders; else the library's defaults.
+    -- What decides the path, in one statement that reads two one-row tables: whether log mode
+    -- is on (sql/log.sql), and the limits the owner set (sql/limits.sql; null, or no row: the
+    -- library's defaults). Never an outbox.* setting: with no library loaded, any role may SET
+    -- one. Each table read costs about 1 µs.
+    SELECT s.enabled, l.max_payload_bytes, l.deliver_at_horizon
+      INTO log_mode, payload_limit, horizon
+      FROM @extschema@.outbox_log_state AS s LEFT JOIN @extschema@.outbox_limits AS l ON true;
+
+    -- One expression passes the common case: no deliver_at, and a payload within the limit.
+    -- Anything else is checked one by one, with the library's errors.
     IF topic IS NULL OR payload IS NULL OR deliver_at IS NOT NULL
-       OR coalesce(pg_catalog.current_setting('outbox.max_payload_bytes', true), '1MB') OPERATOR(pg_catalog.<>) '1MB'
        OR pg_catalog.octet_length(topic) OPERATOR(pg_catalog.>) 255 OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.>) 255
-       OR pg_catalog.octet_length(payload::pg_catalog.text) OPERATOR(pg_catalog.>) 1048576
+       OR pg_catalog.octet_length(payload::pg_catalog.text) OPERATOR(pg_catalog.>) coalesce(payload_limit, 1048576)
        OR pg_catalog.btrim(topic) OPERATOR(pg_catalog.=) '' THEN
         DECLARE
             size bigint := pg_catalog.octet_length(payload::pg_catalog.text);
-            limit_setting pg_catalog.text := pg_catalog.current_setting('outbox.max_payload_bytes', true);
-            limit_bytes bigint;
-            horizon_setting pg_catalog.text := pg_catalog.current_setting('outbox.deliver_at_horizon', true);
-            horizon interval;
+            limit_bytes bigint := coalesce(payload_limit, 1048576);
         BEGIN
             IF topic IS NULL THEN
                 RAISE EXCEPTION 'outbox_enqueue: topic must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -60,10 +65,6 @@ BEGIN
                 RAISE EXCEPTION 'outbox_enqueue: payload must not be null (use ''{}'' for an event without data)'
                     USING ERRCODE = 'null_value_not_allowed';
             END IF;
-            IF limit_setting IS NULL OR limit_setting OPERATOR(pg_catalog.=) '' THEN
-                limit_setting := '1MB';
-            END IF;
-            limit_bytes := pg_catalog.pg_size_bytes(limit_setting);
             IF size OPERATOR(pg_catalog.>) limit_bytes THEN
                 RAISE EXCEPTION 'outbox_enqueue: payload is % bytes of JSON text, more than outbox.max_payload_bytes (% bytes)',
                     size, limit_bytes USING ERRCODE = 'invalid_parameter_value';
@@ -72,10 +73,7 @@ BEGIN
                 RAISE EXCEPTION 'outbox_enqueue: key is longer than 255 bytes' USING ERRCODE = 'invalid_parameter_value';
             END IF;
             IF deliver_at IS NOT NULL THEN
-                IF horizon_setting IS NULL OR horizon_setting OPERATOR(pg_catalog.=) '' THEN
-                    horizon_setting := '90d';
-                END IF;
-                horizon := horizon_setting::interval;
+                horizon := coalesce(horizon, interval '90 days');
                 IF NOT pg_catalog.isfinite(deliver_at) THEN
                     RAISE EXCEPTION 'outbox_enqueue: deliver_at must be a finite time (null: now)' USING ERRCODE = 'invalid_parameter_value';
                 ELSIF deliver_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.+) horizon) THEN
@@ -91,7 +89,7 @@ BEGIN
     -- path, which keeps it until it is due. The INSERT reads the mode again in its own snapshot:
     -- back in table mode, the relay lets the slot go once no snapshot that still sees log mode
     -- is left, so a write into the log must never follow a look taken in another one.
-    IF outbox_enqueue.deliver_at IS NULL AND (SELECT s.enabled FROM @extschema@.outbox_log_state AS s) THEN
+    IF outbox_enqueue.deliver_at IS NULL AND log_mode THEN
         INSERT INTO @extschema@.outbox_log (id, topic, payload, key)
         SELECT pg_catalog.nextval('@extschema@.outbox_id_seq'), outbox_enqueue.topic, outbox_enqueue.payload, outbox_enqueue.key
           FROM @extschema@.outbox_log_state AS s

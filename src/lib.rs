@@ -45,7 +45,8 @@ extension_sql_file!("../sql/attempts.sql", name = "attempts", requires = ["deliv
 extension_sql_file!("../sql/ordering.sql", name = "ordering", requires = ["attempts"]);
 extension_sql_file!("../sql/endpoints_version.sql", name = "endpoints_version", requires = ["deliveries"]);
 extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["ordering", "endpoints_version"]);
-extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["endpoints"]);
+extension_sql_file!("../sql/limits.sql", name = "limits", requires = ["endpoints"]);
+extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["limits"]);
 extension_sql_file!("../sql/pull.sql", name = "pull", requires = ["claim"]);
 extension_sql_file!("../sql/relays.sql", name = "relays", requires = ["pull"]);
 extension_sql_file!("../sql/dead.sql", name = "dead", requires = ["relays"]);

@@ -271,7 +271,6 @@ pub fn read() -> Settings {
         batch_size: BATCH_SIZE.get() as usize,
         concurrency: CONCURRENCY.get() as usize,
         lease: millis(LEASE_MS.get()),
-        max_attempts: MAX_ATTEMPTS.get(),
         poll_interval: millis(POLL_INTERVAL_MS.get()),
         retention: seconds(RETENTION_S.get()),
         endpoint_disable_after: seconds(ENDPOINT_DISABLE_AFTER_S.get()),

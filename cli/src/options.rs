@@ -65,9 +65,6 @@ pub struct RelayOptions {
     /// How long a claimed delivery is the relay's before another may claim it (1s to 24h).
     #[arg(long, env = "OUTBOX_LEASE", value_parser = lease, default_value = "30s")]
     pub lease: Duration,
-    /// Attempts before a delivery is dead (an endpoint's own max_attempts wins).
-    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = defaults::MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..=1000))]
-    pub max_attempts: i32,
     /// How long sent events are kept; 0 keeps them.
     #[arg(long, env = "OUTBOX_RETENTION", value_parser = long_time, default_value = "7d")]
     pub retention: Duration,
@@ -127,7 +124,6 @@ impl RelayOptions {
             batch_size: self.batch_size,
             concurrency: self.concurrency,
             lease: self.lease,
-            max_attempts: self.max_attempts,
             poll_interval: self.poll_interval,
             retention: never_if_zero(self.retention),
             endpoint_disable_after: never_if_zero(self.endpoint_disable_after),

@@ -22,6 +22,7 @@ use outbox_core::queue::{
     millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, LogLease, LogRows, Queue, QueueError,
 };
 use outbox_core::relay::Level;
+use outbox_core::settings::defaults;
 use outbox_core::statements::{
     CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, LOG_CONFIRM,
     LOG_CONFIRM_STREAMED, LOG_DEFER, LOG_LEASE, LOG_MAINTAIN, LOG_MAKE_SLOT, LOG_READ, LOG_READ_START, LOG_RECOVER, LOG_ROUTE, MARK_SENT,
@@ -280,7 +281,7 @@ impl Queue for ClientQueue {
                     url: row.get(1),
                     headers: names.into_iter().zip(values).collect(),
                     timeout: row.get::<_, Option<f64>>(4).map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1000.0)),
-                    max_attempts: row.get(5),
+                    max_attempts: row.get::<_, Option<i32>>(5).unwrap_or(defaults::MAX_ATTEMPTS),
                     max_in_flight: row.get(6),
                     secrets: row.get::<_, Option<_>>(7).unwrap_or_default(),
                     ordered: row.get::<_, Option<bool>>(8).unwrap_or(false),

@@ -6,13 +6,14 @@
 
 /// The install script of the version this binary is: the files `src/lib.rs` declares, in its
 /// order, then the SQL forms of the library's functions.
-const INSTALL: [&str; 12] = [
+const INSTALL: [&str; 13] = [
     include_str!("../../sql/schema.sql"),
     include_str!("../../sql/deliveries.sql"),
     include_str!("../../sql/attempts.sql"),
     include_str!("../../sql/ordering.sql"),
     include_str!("../../sql/endpoints_version.sql"),
     include_str!("../../sql/endpoints.sql"),
+    include_str!("../../sql/limits.sql"),
     include_str!("../../sql/claim.sql"),
     include_str!("../../sql/pull.sql"),
     include_str!("../../sql/relays.sql"),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
 
+use support::Server::{Library, Managed};
 use support::*;
 
 const DESCRIBE: &str = include_str!("../../sql/describe.sql");
@@ -52,8 +53,23 @@ fn enqueue_in_sql_raises_the_errors_of_the_library() {
         format!("SELECT outbox_enqueue('t', '{{}}', '{long}')"),
         "SELECT outbox_enqueue('t', '{}', NULL, 'infinity')".to_string(),
         "SELECT outbox_enqueue('t', '{}', NULL, now() + interval '1000 days')".to_string(),
-        "SET outbox.max_payload_bytes = 1024; SELECT outbox_enqueue('t', jsonb_build_object('x', repeat('y', 2000)))".to_string(),
+        "SELECT outbox_enqueue('t', jsonb_build_object('x', repeat('y', 2000)))".to_string(),
+        "SELECT outbox_enqueue('t', '{}', NULL, now() + interval '2 hours')".to_string(),
     ];
+    // Limits lowered where each install keeps them: the extension's settings, the SQL
+    // install's outbox_limits.
+    connect("postgres", "postgres")
+        .batch_execute(
+            "ALTER DATABASE outbox_t_errors_ext SET outbox.max_payload_bytes = 1024;
+             ALTER DATABASE outbox_t_errors_ext SET outbox.deliver_at_horizon = '1h'",
+        )
+        .unwrap();
+    connect("outbox_owner", "outbox_t_errors_sql")
+        .batch_execute(
+            "SELECT outbox.outbox_limit_set('max_payload_bytes', '1kB');
+             SELECT outbox.outbox_limit_set('deliver_at_horizon', '1h')",
+        )
+        .unwrap();
     let error = |database: &str, search_path: &str, statement: &str| {
         let mut client = connect("postgres", database);
         client.batch_execute(&format!("SET search_path = {search_path}")).unwrap();
@@ -307,7 +323,7 @@ const WRITTEN: &str = "
 /// Runs every path of outbox_enqueue in `database` as mallory, whose search_path puts the
 /// plants first; returns what was written, the notifications a listener got, and the error
 /// of an enqueue whose routed endpoint changed after its snapshot was taken.
-fn enqueue_every_way(database: &str, schema: &str) -> (String, Vec<String>, String) {
+fn enqueue_every_way(database: &str, schema: &str, raise_limit: &str, lower_limit: &str) -> (String, Vec<String>, String) {
     let mut db = connect("postgres", database);
     plant(&mut db);
     db.batch_execute(&format!(
@@ -334,11 +350,11 @@ fn enqueue_every_way(database: &str, schema: &str) -> (String, Vec<String>, Stri
         .unwrap();
     caller.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
     caller.batch_execute("SELECT outbox_enqueue('order.placed', '{\"n\": 3}', 'k1'); COMMIT").unwrap();
-    // A limit of its own is a superuser's to set.
+    // A limit raised where the install keeps it.
     db.batch_execute(&format!(
-        "SET search_path = evil, pg_catalog, {schema}; SET outbox.max_payload_bytes = '2MB';
+        "{raise_limit}; SET search_path = evil, pg_catalog, {schema};
          SELECT outbox_enqueue('order.large', jsonb_build_object('x', repeat('y', 1500000)));
-         RESET outbox.max_payload_bytes; SET search_path = {schema}"
+         SET search_path = {schema}; {lower_limit}"
     ))
     .unwrap();
     caller.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
@@ -370,8 +386,19 @@ fn enqueue_in_sql_writes_what_the_library_writes_whatever_the_callers_search_pat
         .batch_execute("INSERT INTO outbox.outbox_relays (host, pid, version, listening) VALUES ('test', 1, '0.3.0', true)")
         .unwrap();
 
-    let (library, library_heard, library_changed) = enqueue_every_way("outbox_t_enqueue_ext", "public");
-    let (sql, sql_heard, sql_changed) = enqueue_every_way("outbox_t_enqueue_sql", "outbox");
+    let (library, library_heard, library_changed) = enqueue_every_way(
+        "outbox_t_enqueue_ext",
+        "public",
+        // A superuser's session may: the extension's limits are the superuser's to set.
+        "SET outbox.max_payload_bytes = '2MB'",
+        "RESET outbox.max_payload_bytes",
+    );
+    let (sql, sql_heard, sql_changed) = enqueue_every_way(
+        "outbox_t_enqueue_sql",
+        "outbox",
+        "SELECT outbox.outbox_limit_set('max_payload_bytes', '2MB')",
+        "SELECT outbox.outbox_limit_set('max_payload_bytes', NULL)",
+    );
     assert!(library.contains("[2, \"jobs\", \"k1\", true, false]") && library.contains("[\"jobs\", \"k1\"]"), "{library}");
     assert_eq!(sql, library, "the same rows");
     assert_eq!(library_heard, ["outbox.jobs"]);
@@ -390,7 +417,13 @@ fn recipe_sql_with(marker: &str) -> String {
 
 /// Runs `sql` as `role`; the SQLSTATE if it fails.
 fn as_role(database: &str, role: &str, sql: &str) -> Result<(), String> {
-    connect(role, database).batch_execute(sql).map_err(|e| e.code().map(|c| c.code().to_string()).unwrap_or_else(|| e.to_string()))
+    as_role_on(Library, database, role, sql)
+}
+
+fn as_role_on(server: Server, database: &str, role: &str, sql: &str) -> Result<(), String> {
+    connect_on(server, role, database)
+        .batch_execute(sql)
+        .map_err(|e| e.code().map(|c| c.code().to_string()).unwrap_or_else(|| e.to_string()))
 }
 
 #[test]
@@ -507,4 +540,177 @@ fn the_relay_holds_no_transaction_or_row_lock_while_a_request_is_in_flight() {
     });
     let (status, said) = relay.stop();
     assert_eq!(status, 0, "{said}");
+}
+
+/// Gives `app`, an ordinary role, the producer's and the consumer's grants on the outbox in
+/// `schema`, and the pull endpoint `jobs`.
+fn producer_and_consumer(db: &mut postgres::Client, schema: &str) {
+    db.batch_execute(&format!(
+        "GRANT USAGE ON SCHEMA {schema} TO app;
+         GRANT EXECUTE ON FUNCTION {schema}.outbox_enqueue(text, jsonb, text, timestamptz), {schema}.outbox_claim(text, integer, interval),
+               {schema}.outbox_nack(text, bigint, integer, text, interval) TO app;
+         -- The extension's endpoint default would take a delivery of every event too.
+         SELECT {schema}.outbox_endpoint_drop(e.name) FROM {schema}.outbox_endpoints AS e WHERE e.name = 'default';
+         SELECT {schema}.outbox_endpoint_set('jobs', NULL, '{{*}}', kind => 'pull');
+         SELECT {schema}.outbox_endpoint_grant('jobs', 'app');"
+    ))
+    .unwrap();
+}
+
+/// The SQLSTATE `sql` fails with, run as `role` after `session` (its own SETs).
+fn refusal(server: Server, database: &str, role: &str, session: &str, sql: &str) -> String {
+    let mut client = connect_on(server, role, database);
+    client.batch_execute(session).unwrap_or_else(|e| panic!("{role}: {session}: {e}"));
+    let error = client.batch_execute(sql).expect_err(sql);
+    error.code().map(|c| c.code().to_string()).unwrap_or_else(|| error.to_string())
+}
+
+const TWO_MB: &str = "SELECT outbox.outbox_enqueue('t', jsonb_build_object('x', repeat('y', 2000000)))";
+const FIFTY_YEARS: &str = "SELECT outbox.outbox_enqueue('t', '{}', NULL, now() + interval '50 years')";
+
+/// Claims the delivery of `event` as `app` and nacks it, until the nack makes it dead; how
+/// many attempts that took (`None` if it is not dead after `most`).
+fn nack_until_dead(server: Server, database: &str, session: &str, event: i64, most: i32) -> Option<i32> {
+    let mut app = connect_on(server, "app", database);
+    app.batch_execute(session).unwrap();
+    for _ in 0..most {
+        let claimed = app.query("SELECT attempt FROM outbox.outbox_claim('jobs', 1, '30 seconds')", &[]).unwrap();
+        let Some(claim) = claimed.first() else { break };
+        let attempt: i32 = claim.get(0);
+        app.execute("SELECT outbox.outbox_nack('jobs', $1, $2, 'failed', interval '0')", &[&event, &attempt]).unwrap();
+    }
+    let mut admin = connect_on(server, "postgres", database);
+    let row = admin.query_one("SELECT attempts, dead_at IS NOT NULL FROM outbox.outbox_deliveries WHERE event_id = $1", &[&event]).unwrap();
+    row.get::<_, bool>(1).then(|| row.get(0))
+}
+
+#[test]
+fn no_session_lifts_a_limit_of_the_sql_install_which_only_its_owner_sets() {
+    let database = "outbox_t_limits";
+    let mut db = fresh_database_on(Managed, database);
+    migrate_on(Managed, database, &[]);
+    let mut owner = connect_on(Managed, "outbox_owner", database);
+    producer_and_consumer(&mut owner, "outbox");
+    // Placeholders set every way a role or a database's owner can: none is a limit.
+    db.batch_execute(&format!(
+        "ALTER ROLE app IN DATABASE {database} SET outbox.max_payload_bytes = '10MB';
+         ALTER DATABASE {database} SET outbox.deliver_at_horizon = '100 years';
+         ALTER DATABASE {database} SET outbox.max_attempts = 1000"
+    ))
+    .unwrap();
+    let lifted = "SET outbox.max_payload_bytes = '10MB'; SET outbox.deliver_at_horizon = '100 years'; SET outbox.max_attempts = 1000";
+    assert_eq!(refusal(Managed, database, "app", lifted, TWO_MB), "22023", "a 2 MB payload, over the default 1MB");
+    assert_eq!(refusal(Managed, database, "app", lifted, FIFTY_YEARS), "22023", "a deliver_at 50 years ahead, over the default 90 days");
+    assert_eq!(refusal(Managed, database, "outbox_owner", lifted, TWO_MB), "22023", "the owner's session lifts nothing either");
+    let written: i64 = db.query_one("SELECT count(*) FROM outbox.outbox", &[]).unwrap().get(0);
+    assert_eq!(written, 0, "nothing written");
+
+    // max_attempts: the default cap, then the owner's, whatever the session says.
+    let enqueue = |db: &mut postgres::Client| -> i64 { db.query_one("SELECT outbox.outbox_enqueue('t', '{}')", &[]).unwrap().get(0) };
+    let event = enqueue(&mut db);
+    assert_eq!(nack_until_dead(Managed, database, lifted, event, 20), Some(10), "dead at the default cap of 10");
+    owner.batch_execute("SELECT outbox.outbox_limit_set('max_attempts', '3')").unwrap();
+    let event = enqueue(&mut db);
+    assert_eq!(nack_until_dead(Managed, database, lifted, event, 20), Some(3), "dead at the owner's cap of 3");
+
+    // Only the owner writes the limits.
+    for sql in [
+        "SELECT outbox.outbox_limit_set('max_payload_bytes', '10MB')",
+        "SELECT * FROM outbox.outbox_limits",
+        "INSERT INTO outbox.outbox_limits (max_payload_bytes) VALUES (10485760)",
+        "UPDATE outbox.outbox_limits SET max_attempts = 1000",
+    ] {
+        assert_eq!(as_role_on(Managed, database, "app", sql), Err("42501".to_string()), "app may not run {sql}");
+    }
+    // The owner's limits take effect, raised or lowered.
+    owner
+        .batch_execute(
+            "SELECT outbox.outbox_limit_set('max_payload_bytes', '3MB');
+             SELECT outbox.outbox_limit_set('deliver_at_horizon', '60 years')",
+        )
+        .unwrap();
+    as_role_on(Managed, database, "app", TWO_MB).expect("a 2 MB payload within the owner's 3MB");
+    as_role_on(Managed, database, "app", FIFTY_YEARS).expect("50 years ahead within the owner's 60 years");
+    owner.batch_execute("SELECT outbox.outbox_limit_set('max_payload_bytes', '1kB')").unwrap();
+    let small = "SELECT outbox.outbox_enqueue('t', jsonb_build_object('x', repeat('y', 2000)))";
+    assert_eq!(refusal(Managed, database, "app", lifted, small), "22023", "2,000 bytes over the owner's 1kB");
+    let limits: String = db.query_one("SELECT to_jsonb(l)::text FROM outbox.outbox_limits AS l", &[]).unwrap().get(0);
+    assert_eq!(limits, r#"{"one": true, "max_attempts": 3, "max_payload_bytes": 1024, "deliver_at_horizon": "60 years"}"#);
+    owner.batch_execute("SELECT outbox.outbox_limit_set('max_payload_bytes', NULL)").unwrap();
+    as_role_on(Managed, database, "app", small).expect("null: back to the default 1MB");
+
+    // Bad values are class 22 and change nothing.
+    for (name, value) in [
+        ("max_payload_bytes", "lots"),
+        ("max_payload_bytes", "0"),
+        ("max_payload_bytes", "4GB"),
+        ("deliver_at_horizon", "soon"),
+        ("deliver_at_horizon", "-1 day"),
+        ("deliver_at_horizon", "100 years"),
+        ("max_attempts", "0"),
+        ("max_attempts", "1001"),
+        ("max_attempts", "ten"),
+        ("retention", "1d"),
+    ] {
+        let sql = format!("SELECT outbox.outbox_limit_set('{name}', '{value}')");
+        let code = as_role_on(Managed, database, "outbox_owner", &sql).expect_err(&sql);
+        assert!(code.starts_with("22"), "{sql}: {code}");
+    }
+    let unchanged: String = db.query_one("SELECT to_jsonb(l)::text FROM outbox.outbox_limits AS l", &[]).unwrap().get(0);
+    assert_eq!(unchanged, r#"{"one": true, "max_attempts": 3, "max_payload_bytes": null, "deliver_at_horizon": "60 years"}"#);
+}
+
+#[test]
+fn the_relay_caps_attempts_at_the_owners_limit_as_outbox_nack_does() {
+    let database = "outbox_t_relay_cap";
+    fresh_database_on(Managed, database);
+    migrate_on(Managed, database, &[]);
+    let mut owner = connect_on(Managed, "outbox_owner", database);
+    // Nothing listens on port 9: every attempt fails.
+    owner
+        .batch_execute(
+            "SELECT outbox.outbox_endpoint_set('default', 'http://127.0.0.1:9/hook');
+             SELECT outbox.outbox_limit_set('max_attempts', '2');
+             SELECT outbox.outbox_enqueue('order.placed', '{}')",
+        )
+        .unwrap();
+    let mut relay = Relay::start(&["--database-url", &url_on(Managed, "outbox_relay", database)]);
+    let dead = || {
+        connect_on(Managed, "postgres", database)
+            .query_one("SELECT attempts FROM outbox.outbox_deliveries WHERE dead_at IS NOT NULL", &[])
+            .ok()
+            .map(|row| row.get::<_, i32>(0))
+    };
+    relay.wait_until("the delivery is dead", Duration::from_secs(30), || dead().is_some());
+    assert_eq!(dead(), Some(2), "dead after the owner's 2 attempts");
+    let (status, said) = relay.stop();
+    assert_eq!(status, 0, "{said}");
+}
+
+#[test]
+fn on_the_extension_install_no_session_sets_a_limit() {
+    let database = "outbox_t_limits_ext";
+    let mut db = fresh_database(database);
+    db.batch_execute("CREATE SCHEMA outbox; CREATE EXTENSION outbox_ext SCHEMA outbox").unwrap();
+    producer_and_consumer(&mut db, "outbox");
+    // The library's settings: outbox.max_payload_bytes and outbox.deliver_at_horizon are a
+    // superuser's (42501 for anyone else), outbox.max_attempts the server configuration's
+    // (55P02, for every session).
+    let for_itself = format!("ALTER ROLE app IN DATABASE {database} SET outbox.max_payload_bytes = '10MB'");
+    for (set, code) in [
+        ("SET outbox.max_payload_bytes = '10MB'", "42501"),
+        ("SET outbox.deliver_at_horizon = '18250d'", "42501"),
+        ("SET outbox.max_attempts = 1000", "55P02"),
+        (for_itself.as_str(), "42501"),
+    ] {
+        assert_eq!(refusal(Library, database, "app", "SELECT 1", set), code, "{set}");
+    }
+    assert_eq!(as_role(database, "postgres", "SET outbox.max_attempts = 1000"), Err("55P02".to_string()), "not even a superuser's session");
+    assert_eq!(refusal(Library, database, "app", "SELECT 1", TWO_MB), "22023");
+    assert_eq!(refusal(Library, database, "app", "SELECT 1", FIFTY_YEARS), "22023");
+    let event: i64 = db.query_one("SELECT outbox.outbox_enqueue('t', '{}')", &[]).unwrap().get(0);
+    assert_eq!(nack_until_dead(Library, database, "SELECT 1", event, 20), Some(10), "dead at outbox.max_attempts, 10");
+    // Its limits are the server's settings: outbox_limit_set says so.
+    assert_eq!(as_role(database, "postgres", "SELECT outbox.outbox_limit_set('max_attempts', '1000')"), Err("55000".to_string()));
+    assert_eq!(as_role(database, "app", "SELECT outbox.outbox_limit_set('max_attempts', '1000')"), Err("42501".to_string()));
 }

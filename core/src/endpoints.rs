@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::delivery::{Attempt, Sender, Target};
-use crate::settings::Settings;
+use crate::settings::{defaults, Settings};
 use crate::shares::share_requests;
 
 /// What one claim takes from one endpoint.
@@ -41,7 +41,9 @@ pub struct EndpointRow {
     pub url: Option<String>,
     pub headers: Vec<(String, String)>,
     pub timeout: Option<Duration>,
-    pub max_attempts: Option<i32>,
+    /// The endpoint's own, else the outbox's (`outbox.max_attempts`, as `sql/limits.sql` reads
+    /// it where no session can change it).
+    pub max_attempts: i32,
     pub max_in_flight: Option<i32>,
     /// The live signing secrets, newest first.
     pub secrets: Vec<String>,
@@ -62,7 +64,6 @@ struct Endpoint {
     http_timeout: Duration,
     /// Where to send, or why this endpoint's deliveries wait.
     target: Result<Arc<Target>, String>,
-    max_attempts: i32,
     max_in_flight: usize,
 }
 
@@ -120,13 +121,11 @@ impl Endpoints {
                     webhook_url: settings.webhook_url.clone(),
                     http_timeout: settings.http_timeout,
                     target,
-                    max_attempts: 0,
                     max_in_flight: 0,
                 };
                 self.known.insert(name.clone(), endpoint);
             }
             let endpoint = self.known.get_mut(&name).expect("inserted above");
-            endpoint.max_attempts = endpoint.row.max_attempts.unwrap_or(settings.max_attempts);
             endpoint.max_in_flight = endpoint.row.max_in_flight.map_or(settings.concurrency, |n| n.max(1) as usize);
             self.active.push(name);
         }
@@ -210,7 +209,7 @@ impl Endpoints {
                 endpoint: name.clone(),
                 limit: free.min(settings.batch_size),
                 lease: settings.lease.max(target.timeout + LEASE_MARGIN),
-                max_attempts: endpoint.max_attempts,
+                max_attempts: endpoint.row.max_attempts,
                 ordered: endpoint.row.ordered,
             })
         })
@@ -245,9 +244,9 @@ impl Endpoints {
             .unzip()
     }
 
-    /// The attempt cap of an endpoint, or the setting's for one never seen.
-    pub fn max_attempts(&self, name: &str, settings: &Settings) -> i32 {
-        self.known.get(name).map_or(settings.max_attempts, |endpoint| endpoint.max_attempts)
+    /// The attempt cap of an endpoint, or the default for one never seen.
+    pub fn max_attempts(&self, name: &str) -> i32 {
+        self.known.get(name).map_or(defaults::MAX_ATTEMPTS, |endpoint| endpoint.row.max_attempts)
     }
 }
 
@@ -268,7 +267,6 @@ mod tests {
             batch_size: 100,
             concurrency: 128,
             lease: Duration::from_secs(30),
-            max_attempts: 10,
             poll_interval: Duration::from_secs(1),
             retention: None,
             endpoint_disable_after: None,
@@ -286,7 +284,7 @@ mod tests {
             url: url.map(str::to_string),
             headers: Vec::new(),
             timeout: None,
-            max_attempts: None,
+            max_attempts: 10,
             max_in_flight: None,
             secrets: Vec::new(),
             ordered: false,

@@ -604,8 +604,7 @@ impl<Q: Queue, W: Wake, R: Report> Relay<Q, W, R> {
             }
         }
         if !failed.is_empty() {
-            let capped: Vec<(&Attempt, i32)> =
-                failed.iter().map(|a| (a, self.endpoints.max_attempts(&a.endpoint, &self.settings))).collect();
+            let capped: Vec<(&Attempt, i32)> = failed.iter().map(|a| (a, self.endpoints.max_attempts(&a.endpoint))).collect();
             match self.queue.record_failures(&FailureColumns::new(&capped, fastrand::f64)) {
                 Ok(dead) => dead.iter().for_each(|dead| self.warn_dead(dead)),
                 Err(e) => {

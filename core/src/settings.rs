@@ -15,7 +15,6 @@ pub struct Settings {
     pub batch_size: usize,
     pub concurrency: usize,
     pub lease: Duration,
-    pub max_attempts: i32,
     pub poll_interval: Duration,
     /// `None`: keep sent events forever.
     pub retention: Option<Duration>,
@@ -59,7 +58,6 @@ impl Default for Settings {
             batch_size: BATCH_SIZE as usize,
             concurrency: CONCURRENCY as usize,
             lease: millis(LEASE_MS),
-            max_attempts: MAX_ATTEMPTS,
             poll_interval: millis(POLL_INTERVAL_MS),
             retention: seconds(RETENTION_S),
             endpoint_disable_after: seconds(ENDPOINT_DISABLE_AFTER_S),

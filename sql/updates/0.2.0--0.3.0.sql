@@ -22,6 +22,10 @@ DROP SEQUENCE @extschema@.outbox_endpoints_version;
 --@include endpoints_version.sql
 --@include endpoints.sql
 
+-- The limits, read where no session can change them: on the SQL install, outbox.* names are
+-- placeholders any role may SET.
+--@include limits.sql
+
 -- The outbox relay processes (`outbox relay`) record themselves, for the monitoring and for
 -- enqueues to know whether one waits for a notification.
 --@include relays.sql

@@ -16,6 +16,7 @@ use outbox_core::log::routes::TopicRoute;
 use outbox_core::queue::{
     millis, AttemptColumns, ClaimArguments, ClaimedRow, DeadDelivery, EndpointsRead, FailureColumns, LogLease, LogRows, Queue, QueueError,
 };
+use outbox_core::settings::defaults;
 use outbox_core::statements::{
     CLAIM_BATCH, DELETE_EMPTIED_EVENTS, DELETE_EXPIRED, DISABLE_FAILING_ENDPOINTS, ENDPOINTS_VERSION, LOAD_ENDPOINTS, LOG_CONFIRM,
     LOG_DEFER, LOG_LEASE, LOG_MAINTAIN, LOG_MAKE_SLOT, LOG_READ, LOG_RECOVER, LOG_ROUTE, MARK_SENT, NOTE_UNUSABLE_ENDPOINTS,
@@ -229,7 +230,7 @@ impl Queue for Queries {
                         url: row.get(2)?,
                         headers: names.into_iter().zip(values).collect(),
                         timeout: row.get::<f64>(5)?.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1000.0)),
-                        max_attempts: row.get(6)?,
+                        max_attempts: row.get(6)?.unwrap_or(defaults::MAX_ATTEMPTS),
                         max_in_flight: row.get(7)?,
                         secrets: row.get(8)?.unwrap_or_default(),
                         ordered: row.get(9)?.unwrap_or(false),

@@ -1,7 +1,8 @@
 //! What the `outbox` binary's end-to-end tests share: a real cluster (`OUTBOX_TEST_URL`, a
 //! superuser's URL, started by cli/test.sh with the extension's library installed and no relay
-//! workers), a database of their own per test, roles as a managed server has them, the binary
-//! run as a process, and a receiver on 127.0.0.1.
+//! workers; `OUTBOX_TEST_MANAGED_URL`, one that loads no outbox library), a database of their
+//! own per test, roles as a managed server has them, the binary run as a process, and a
+//! receiver on 127.0.0.1.
 
 #![allow(dead_code)]
 
@@ -15,23 +16,50 @@ use postgres::{Client, NoTls};
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_outbox");
 
-/// The cluster's superuser URL for `database`.
+/// Which cluster a test uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// `OUTBOX_TEST_URL`: the extension's library preloaded, as the extension install needs.
+    Library,
+    /// `OUTBOX_TEST_MANAGED_URL`: no outbox library loaded, as on a managed server, where every
+    /// `outbox.*` name is a placeholder that any role may SET.
+    Managed,
+}
+
+/// `user`'s URL for `database` on the cluster of `OUTBOX_TEST_URL`.
 pub fn url(user: &str, database: &str) -> String {
-    let base = std::env::var("OUTBOX_TEST_URL").expect("OUTBOX_TEST_URL: run through cli/test.sh");
+    url_on(Server::Library, user, database)
+}
+
+/// `user`'s URL for `database` on `server`.
+pub fn url_on(server: Server, user: &str, database: &str) -> String {
+    let variable = match server {
+        Server::Library => "OUTBOX_TEST_URL",
+        Server::Managed => "OUTBOX_TEST_MANAGED_URL",
+    };
+    let base = std::env::var(variable).unwrap_or_else(|_| panic!("{variable}: run through cli/test.sh"));
     let (scheme_and_host, _) = base.rsplit_once('/').expect("a URL ending in /database");
     let host = scheme_and_host.split_once('@').map_or(scheme_and_host.trim_start_matches("postgres://"), |(_, host)| host);
     format!("postgres://{user}@{host}/{database}")
 }
 
 pub fn connect(user: &str, database: &str) -> Client {
-    Client::connect(&url(user, database), NoTls).unwrap_or_else(|e| panic!("connect as {user} to {database}: {e}"))
+    connect_on(Server::Library, user, database)
+}
+
+pub fn connect_on(server: Server, user: &str, database: &str) -> Client {
+    Client::connect(&url_on(server, user, database), NoTls).unwrap_or_else(|e| panic!("connect as {user} to {database}: {e}"))
 }
 
 /// A new, empty database named `name`, and the roles a managed server's users would have:
 /// `outbox_owner` with nothing but CREATE on it (it runs migrate), `outbox_relay` a member of
 /// it (it runs the relay), `app` with nothing (the recipes grant it what it needs).
 pub fn fresh_database(name: &str) -> Client {
-    let mut admin = connect("postgres", "postgres");
+    fresh_database_on(Server::Library, name)
+}
+
+pub fn fresh_database_on(server: Server, name: &str) -> Client {
+    let mut admin = connect_on(server, "postgres", "postgres");
     // A log-mode test leaves its slot, which keeps the database from being dropped.
     admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1", &[&name]).unwrap();
     admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
@@ -43,7 +71,7 @@ pub fn fresh_database(name: &str) -> Client {
         }
     }
     admin.batch_execute(&format!("GRANT CREATE ON DATABASE {name} TO outbox_owner; GRANT outbox_owner TO outbox_relay")).unwrap();
-    connect("postgres", name)
+    connect_on(server, "postgres", name)
 }
 
 /// Runs `outbox ARGS` to its end.
@@ -57,7 +85,11 @@ pub fn text(output: &Output) -> String {
 
 /// `outbox migrate` as `outbox_owner`; panics unless it succeeds.
 pub fn migrate(database: &str, extra: &[&str]) -> String {
-    let url = url("outbox_owner", database);
+    migrate_on(Server::Library, database, extra)
+}
+
+pub fn migrate_on(server: Server, database: &str, extra: &[&str]) -> String {
+    let url = url_on(server, "outbox_owner", database);
     let mut args = vec!["migrate", "--database-url", &url];
     args.extend_from_slice(extra);
     let output = outbox(&args);
