@@ -232,7 +232,7 @@ fn the_managed_page_as_written_installs_the_outbox_and_delivers_an_event_through
     let blocks = marked_blocks(PAGE);
     let roles: Vec<&str> =
         blocks.iter().filter_map(|(step, _)| if let Step::Sql { role } = step { Some(role.as_str()) } else { None }).collect();
-    assert_eq!(roles, ["the database owner", "outbox_owner", "app"], "the page's SQL blocks and who runs them");
+    assert_eq!(roles, ["the database owner", "outbox_owner", "app", "outbox_owner"], "the page's SQL blocks and who runs them");
     assert!(blocks.iter().any(|(step, _)| *step == Step::Background), "the page runs the relay");
 
     let receiver = Receiver::start();
