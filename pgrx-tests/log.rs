@@ -657,8 +657,14 @@ fn a_slot_invalidated_by_max_slot_wal_keep_size_is_made_again_and_what_it_held_i
     log_mode_with_workers(&mut db, "log-invalidated", &receiver.url, "invalidated.*");
     let confirmed = db.enqueue("invalidated.before", "{}");
     let written: String = db.value("SELECT pg_current_wal_lsn()::text");
+    // Confirmed past it, and no transaction that might still commit before it is left to
+    // recover from: one running anywhere in the cluster when a read began holds recover_from
+    // back, and a recovery delivers again what it may have missed (consumers deduplicate).
     db.wait_for("the first event is delivered and the slot confirmed past it", Duration::from_secs(30), |db| {
-        db.value::<bool>(&format!("SELECT coalesce(confirmed_lsn >= '{written}', false) FROM outbox_log_state"))
+        db.value::<bool>(&format!(
+            "SELECT coalesce(s.confirmed_lsn >= '{written}' AND s.recover_from > l.xact, false)
+               FROM outbox_log_state AS s, outbox_log AS l WHERE l.id = {confirmed}"
+        ))
     });
     // The relays kept off the slot, as by a reader that took the lease and stopped.
     db.execute("UPDATE outbox_log_state SET reader_fence = reader_fence + 1, reader_until = now() + interval '1 hour'");

@@ -72,13 +72,15 @@ CREATE TABLE @extschema@.outbox_log_default PARTITION OF @extschema@.outbox_log 
 -- how many partitions it made or dropped. A partition another session holds is left for the
 -- next run (lock_timeout), so that an enqueue never waits behind this for long. One session
 -- maintains at a time, and another returns at once: two making the same partition, the later
--- would find that it exists only once the first committed, and fail.
+-- would find that it exists only once the first committed, and fail. Hours are UTC's, whatever
+-- the caller's TimeZone: a relay or an outbox_set_mode elsewhere names and bounds them alike.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_maintain()
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '100ms'
+SET TimeZone = 'UTC'
 AS $$
 DECLARE
     log regclass := '@extschema@.outbox_log'::regclass;
@@ -89,9 +91,12 @@ DECLARE
     changed integer := 0;
     name text;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(hashtext('outbox_log_maintain ' || log::oid::text)) THEN
+    -- A lock only the owner can take (any role could hold an advisory lock, and stop this).
+    BEGIN
+        LOCK TABLE @extschema@.outbox_log_state IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
         RETURN 0;
-    END IF;
+    END;
     FOR ahead IN 0..5 LOOP
         name := 'outbox_log_' || to_char(hour + ahead * interval '1 hour', 'YYYYMMDD"h"HH24');
         CONTINUE WHEN to_regclass(format('%s.%I', schema, name)) IS NOT NULL;
@@ -99,8 +104,9 @@ BEGIN
             EXECUTE format('CREATE TABLE %s.%I PARTITION OF %s FOR VALUES FROM (%L) TO (%L)',
                            schema, name, log, hour + ahead * interval '1 hour', hour + (ahead + 1) * interval '1 hour');
             changed := changed + 1;
-        EXCEPTION WHEN lock_not_available OR check_violation THEN
-            -- Locked now, or rows of that hour already went to the default partition.
+        EXCEPTION WHEN lock_not_available OR check_violation OR invalid_object_definition THEN
+            -- Locked now, rows of that hour already went to the default partition, or a
+            -- partition of another name holds part of that hour.
             NULL;
         END;
     END LOOP;

@@ -9,7 +9,8 @@ use postgres::Client;
 
 use crate::connection::Outbox;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// No Debug: `webhook_url` may carry a token.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ServerSettings {
     pub serves: bool,
     pub allowed_destinations: String,

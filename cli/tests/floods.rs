@@ -86,7 +86,30 @@ fn two_sessions_making_the_log_partitions_at_once_both_succeed() {
     first.batch_execute("COMMIT").unwrap();
     let made = second.join().unwrap();
     assert!(made.is_ok(), "the second maintenance failed: {made:?}");
-    let partitions: i64 =
-        owner_db.query_one("SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox.outbox_log'::regclass", &[]).unwrap().get(0);
-    assert!(partitions >= 7, "the default partition and six hours', made once: {partitions}");
+    let partitions = |db: &mut postgres::Client| -> i64 {
+        db.query_one("SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox.outbox_log'::regclass", &[]).unwrap().get(0)
+    };
+    let made = partitions(&mut owner_db);
+    assert!(made >= 7, "the default partition and six hours', made once: {made}");
+    // A session in a zone half an hour off UTC names and bounds the same hours.
+    let mut elsewhere = connect("outbox_owner", "outbox_t_partitions");
+    elsewhere.batch_execute("SET TimeZone = 'Asia/Kolkata'").unwrap();
+    elsewhere.query_one("SELECT outbox.outbox_log_maintain()", &[]).expect("maintained from another time zone");
+    assert!(partitions(&mut owner_db) <= made + 1, "the same hours, not overlapping ones");
+}
+
+#[test]
+fn no_role_stops_the_log_maintenance_by_holding_a_lock_of_its_own() {
+    let mut db = fresh_database("outbox_t_maintain_lock");
+    migrate("outbox_t_maintain_lock", &[]);
+    let log: i64 = db.query_one("SELECT 'outbox.outbox_log'::regclass::oid::bigint", &[]).unwrap().get(0);
+    // A role with nothing of the outbox's holds every advisory lock maintenance could take.
+    let mut app = connect("app", "outbox_t_maintain_lock");
+    app.batch_execute(&format!(
+        "SELECT pg_advisory_lock(hashtext('outbox_log_maintain ' || {log})), pg_advisory_lock(hashtext('outbox_log_maintain'))"
+    ))
+    .unwrap();
+    assert!(app.batch_execute("LOCK TABLE outbox.outbox_log_state IN SHARE UPDATE EXCLUSIVE MODE NOWAIT").is_err());
+    let made: i32 = connect("outbox_owner", "outbox_t_maintain_lock").query_one("SELECT outbox.outbox_log_maintain()", &[]).unwrap().get(0);
+    assert!(made >= 6, "the next hours' partitions are made: {made}");
 }

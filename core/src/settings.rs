@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-/// What one pass of the relay loop needs.
-#[derive(Debug, Clone)]
+/// What one pass of the relay loop needs. No Debug: `webhook_url` may carry a token.
+#[derive(Clone)]
 pub struct Settings {
     /// The default endpoint's URL when its own is null.
     pub webhook_url: String,
