@@ -659,7 +659,9 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_log_lag() FROM PUBLIC;
 -- confirmation for 10 seconds, or no slot of the outbox's to read): a relay that keeps up
 -- confirms after every read, at least at each poll, and a count would read every row of the
 -- log from recover_from on. Events of transactions from recover_from on that were confirmed
--- before the stall are counted too: at most a read's worth.
+-- before the stall are counted too: at most a read's worth. A stalled log grows, and a
+-- monitor reads this every few seconds: at most 100,000 of its rows are read, so a count
+-- that reaches it means at least that many.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_log_unread()
 RETURNS TABLE (endpoint text, unread bigint, oldest timestamptz)
 LANGUAGE plpgsql
@@ -677,9 +679,9 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT e.name, count(*), min(l.created_at)
-      FROM @extschema@.outbox_log AS l
+      FROM (SELECT u.topic, u.created_at FROM @extschema@.outbox_log AS u
+             WHERE u.xact >= state.recover_from LIMIT 100000) AS l
       JOIN @extschema@.outbox_endpoints AS e ON e.topics && @extschema@.outbox_topic_patterns(l.topic)
-     WHERE l.xact >= state.recover_from
      GROUP BY e.name;
 END
 $$;

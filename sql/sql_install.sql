@@ -12,7 +12,8 @@
 -- `outbox relay` listens on, while a relay says it waits (sql/relays.sql): a NOTIFY makes the
 -- commits that send one take turns, which halved the enqueue rate, so a relay with a backlog,
 -- which needs no wakeup, turns it off. A rolled-back transaction's notification is never sent,
--- and none is sent while the server's notification queue is half full: any role may fill it,
+-- none for a relay's row not refreshed for 5 minutes (a killed relay's, which a starting relay
+-- removes), and none while the server's notification queue is half full: any role may fill it,
 -- and a commit whose notification finds it full fails.
 -- Like the library's, it runs under the caller's search_path, so every type, function and
 -- operator is named by its schema (none is left to NULLIF or IN, which look up = by the path):
@@ -96,7 +97,8 @@ BEGIN
         SELECT pg_catalog.nextval('@extschema@.outbox_id_seq'), outbox_enqueue.topic, outbox_enqueue.payload, outbox_enqueue.key
           FROM @extschema@.outbox_log_state AS s
          WHERE s.enabled
-        RETURNING id, CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_relays AS r WHERE r.listening)
+        RETURNING id, CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_relays AS r
+                         WHERE r.listening AND r.seen_at OPERATOR(pg_catalog.>) pg_catalog.now() OPERATOR(pg_catalog.-) interval '5 minutes')
             THEN pg_catalog.pg_notification_queue_usage() OPERATOR(pg_catalog.<) 0.5 ELSE false END
         INTO new_event, relay_listens;
         IF FOUND THEN
@@ -112,7 +114,8 @@ BEGIN
     INSERT INTO @extschema@.outbox (topic, payload, key)
     VALUES (outbox_enqueue.topic, outbox_enqueue.payload, outbox_enqueue.key)
     RETURNING id,
-              CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_relays AS r WHERE r.listening)
+              CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_relays AS r
+                         WHERE r.listening AND r.seen_at OPERATOR(pg_catalog.>) pg_catalog.now() OPERATOR(pg_catalog.-) interval '5 minutes')
             THEN pg_catalog.pg_notification_queue_usage() OPERATOR(pg_catalog.<) 0.5 ELSE false END,
               EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.notify),
               pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'

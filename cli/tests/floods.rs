@@ -113,3 +113,30 @@ fn no_role_stops_the_log_maintenance_by_holding_a_lock_of_its_own() {
     let made: i32 = connect("outbox_owner", "outbox_t_maintain_lock").query_one("SELECT outbox.outbox_log_maintain()", &[]).unwrap().get(0);
     assert!(made >= 6, "the next hours' partitions are made: {made}");
 }
+
+#[test]
+fn the_row_of_a_killed_relay_stops_costing_each_commit_a_notification() {
+    let mut db = fresh_database("outbox_t_stale_relay");
+    migrate("outbox_t_stale_relay", &[]);
+    // A relay killed while it listened: its row says so, and is no longer refreshed.
+    db.batch_execute(
+        "INSERT INTO outbox.outbox_relays (host, pid, version, seen_at, listening) VALUES ('gone', 1, '0.3.0', now() - interval '10 minutes', true)",
+    )
+    .unwrap();
+    let mut listener = connect("postgres", "outbox_t_stale_relay");
+    listener.batch_execute("LISTEN outbox_enqueued").unwrap();
+    let mut owner = connect("outbox_owner", "outbox_t_stale_relay");
+    owner.batch_execute("SELECT outbox.outbox_enqueue('order.placed', '{}')").unwrap();
+    // Notifications arrive in commit order: one the enqueue sent comes before this marker.
+    connect("postgres", "outbox_t_stale_relay").batch_execute("NOTIFY outbox_enqueued, 'marker'").unwrap();
+    let mut heard = Vec::new();
+    let mut notifications = listener.notifications();
+    let mut waiting = notifications.timeout_iter(Duration::from_secs(10));
+    while let Some(notification) = postgres::fallible_iterator::FallibleIterator::next(&mut waiting).unwrap() {
+        heard.push(notification.payload().to_string());
+        if notification.payload() == "marker" {
+            break;
+        }
+    }
+    assert_eq!(heard, vec!["marker".to_string()], "no notification for a relay gone for 10 minutes");
+}
