@@ -10,5 +10,5 @@ SELECT pg_catalog.nextval('@extschema@.outbox_id_seq'), $1, $2, $3
   FROM @extschema@.outbox_log_state AS s
  WHERE s.enabled AND $4::pg_catalog.timestamptz IS NULL
 RETURNING id, CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_relays AS r
-                         WHERE r.listening AND r.seen_at OPERATOR(pg_catalog.>) pg_catalog.now() OPERATOR(pg_catalog.-) interval '5 minutes')
+                         WHERE r.listening AND r.seen_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '5 minutes'))
             THEN pg_catalog.pg_notification_queue_usage() OPERATOR(pg_catalog.<) 0.5 ELSE false END

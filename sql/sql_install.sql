@@ -98,7 +98,7 @@ BEGIN
           FROM @extschema@.outbox_log_state AS s
          WHERE s.enabled
         RETURNING id, CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_relays AS r
-                         WHERE r.listening AND r.seen_at OPERATOR(pg_catalog.>) pg_catalog.now() OPERATOR(pg_catalog.-) interval '5 minutes')
+                         WHERE r.listening AND r.seen_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '5 minutes'))
             THEN pg_catalog.pg_notification_queue_usage() OPERATOR(pg_catalog.<) 0.5 ELSE false END
         INTO new_event, relay_listens;
         IF FOUND THEN
@@ -115,7 +115,7 @@ BEGIN
     VALUES (outbox_enqueue.topic, outbox_enqueue.payload, outbox_enqueue.key)
     RETURNING id,
               CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_relays AS r
-                         WHERE r.listening AND r.seen_at OPERATOR(pg_catalog.>) pg_catalog.now() OPERATOR(pg_catalog.-) interval '5 minutes')
+                         WHERE r.listening AND r.seen_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '5 minutes'))
             THEN pg_catalog.pg_notification_queue_usage() OPERATOR(pg_catalog.<) 0.5 ELSE false END,
               EXISTS (SELECT FROM @extschema@.outbox_endpoints AS e WHERE e.notify),
               pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
