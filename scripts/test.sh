@@ -77,7 +77,7 @@ OUTBOX_USE_INSTALLED=1 scripts/demo.sh
 # installed binary the one built from this checkout.
 deb=$(ls dist/outbox_*.deb)
 if [ "$(id -u)" = 0 ]; then dpkg -i "$deb" >/dev/null; else sudo dpkg -i "$deb" >/dev/null; fi
-/usr/bin/outbox version | grep -qx "outbox $(awk -F'"' '/^version *=/ { print $2; exit }' cli/Cargo.toml)" ||
+/usr/bin/outbox version | grep -x >/dev/null "outbox $(awk -F'"' '/^version *=/ { print $2; exit }' cli/Cargo.toml)" ||
   { echo "test: the installed outbox is not this version" >&2; exit 1; }
 getent passwd outbox >/dev/null || { echo "test: the package did not make the outbox user" >&2; exit 1; }
 [ "$(stat -c '%U:%G %a' /etc/outbox/relay.conf)" = "root:outbox 640" ] ||
@@ -90,7 +90,7 @@ done
 # And `cargo install` from the checkout, as the README says (the release build above is reused).
 install_root=$(mktemp -d /tmp/outbox-install.XXXXXX)
 cargo install --quiet --locked --path cli --root "$install_root" --target-dir target
-"$install_root/bin/outbox" version | grep -q "^outbox " || { echo "test: cargo install gave no working outbox" >&2; exit 1; }
+"$install_root/bin/outbox" version | grep "^outbox " >/dev/null || { echo "test: cargo install gave no working outbox" >&2; exit 1; }
 rm -rf "$install_root"
 
 # The update scripts ship as assembled (cargo pgrx install copies them from sql/): the

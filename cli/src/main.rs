@@ -35,6 +35,7 @@ mod tls;
 mod wake;
 mod writers;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -93,7 +94,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
-            println!("outbox {}\nschema version {}", connection::VERSION, connection::VERSION);
+            report(&format!("outbox {}\nschema version {}", connection::VERSION, connection::VERSION));
             ExitCode::SUCCESS
         }
         Command::Migrate { database, dry_run, to } => match migrate::run(&database, to.as_deref(), dry_run) {
@@ -106,12 +107,13 @@ fn main() -> ExitCode {
         Command::Doctor(database) => {
             match doctor::run(&database) {
                 Ok((schema, version, drift)) if drift.is_empty() => {
-                    println!("outbox doctor: the outbox in schema {schema} is as version {version} installs it, and only its owner can change it");
+                    report(&format!("outbox doctor: the outbox in schema {schema} is as version {version} installs it, and only its owner can change it"));
                     ExitCode::SUCCESS
                 }
                 Ok((schema, version, drift)) => {
-                    println!("outbox doctor: the outbox in schema {schema} (version {version}) has {} problems:", drift.len());
-                    drift.iter().for_each(|d| println!("  {d}"));
+                    let mut lines = vec![format!("outbox doctor: the outbox in schema {schema} (version {version}) has {} problems:", drift.len())];
+                    lines.extend(drift.iter().map(|d| format!("  {d}")));
+                    report(&lines.join("\n"));
                     ExitCode::from(2)
                 }
                 Err(e) => {
@@ -134,6 +136,16 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// A command's answer on standard output. A reader that stopped reading (`outbox version |
+/// head -1`) ends the answer early, and the exit status stays the command's own.
+fn report(text: &str) {
+    if let Err(e) = writeln!(std::io::stdout().lock(), "{text}") {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("outbox: cannot write to standard output: {e}");
+        }
     }
 }
 

@@ -133,12 +133,16 @@ impl Report for ProcessReport {
     }
 }
 
-/// A line on standard error, where systemd's journal and container logs collect it.
+/// A line on standard error, where systemd's journal and container logs collect it. A closed
+/// standard error must not stop the relay (eprintln! would panic), and there is nowhere left
+/// to report that it failed.
 pub fn say(level: Level, text: &str) {
-    match level {
-        Level::Log => eprintln!("outbox relay: {text}"),
-        Level::Warning => eprintln!("outbox relay: warning: {text}"),
-    }
+    let prefix = match level {
+        Level::Log => "outbox relay: ",
+        Level::Warning => "outbox relay: warning: ",
+    };
+    let line = format!("{prefix}{text}\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
 }
 
 #[cfg(test)]
