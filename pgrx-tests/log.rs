@@ -310,6 +310,41 @@ fn a_slot_made_by_a_transaction_that_did_not_commit_is_still_recovered() {
 }
 
 #[test]
+fn a_first_slot_made_by_a_transaction_that_did_not_commit_is_taken_and_one_made_before_the_lease_looked_is_not() {
+    let mut db = db();
+    leave_log_mode(&mut db);
+    // As on a fresh install: no slot was ever the outbox's.
+    db.execute("UPDATE outbox_log_state SET slot_ours = false, slot_wanted_from = NULL");
+    let mut both = db.client.transaction().expect("begin");
+    both.batch_execute("SELECT outbox_set_mode('log')").expect("log mode");
+    let fence: i64 = both.query_one("SELECT reader_fence FROM outbox_log_lease(0, 600000)", &[]).expect("the lease").get(0);
+    both.commit().expect("commit");
+    let before = db.enqueue("first.before", "{}");
+    let state = |db: &mut Db| db.value::<String>(&format!("SELECT slot_state FROM outbox_log_lease({fence}, 600000)"));
+
+    // A slot of the outbox's name made before the lease ever found none is someone else's.
+    db.execute("UPDATE outbox_log_state SET slot_wanted_from = NULL");
+    db.execute("SELECT pg_create_logical_replication_slot(slot, 'pgoutput') FROM outbox_log_state");
+    assert_eq!(state(&mut db), "foreign");
+    let refused = db.client.batch_execute(&format!("SELECT outbox_log_make_slot({fence})")).expect_err("a slot made first is refused");
+    assert_eq!(refused.code(), Some(&postgres::error::SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE), "{refused}");
+    db.execute("SELECT pg_drop_replication_slot(slot) FROM outbox_log_state");
+
+    // Once the lease found none, the relay's making is cut off before its commit: the slot
+    // stays, and is not marked the outbox's.
+    assert_eq!(state(&mut db), "missing");
+    db.execute(&format!("BEGIN; SELECT outbox_log_make_slot({fence}); ROLLBACK"));
+    assert_eq!(state(&mut db), "foreign", "made, and not marked");
+    assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")), "taken as the one it made");
+    assert_eq!(state(&mut db), "recovering");
+    assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 1, "the event before it, to the endpoint default");
+    assert_eq!(db.count_events(&format!("id = {before}")), 1);
+    let after = db.enqueue("first.after", "{}");
+    assert_eq!(read(&mut db, fence).0.events.iter().map(|e| e.id).collect::<Vec<_>>(), vec![after], "the slot holds what came after");
+    leave_log_mode(&mut db);
+}
+
+#[test]
 fn bad_input_in_log_mode_errors_with_class_22_and_writes_nothing_into_the_log() {
     let mut db = db();
     enter_log_mode(&mut db);

@@ -1433,6 +1433,9 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_skip_dead(text, text, text, timestampt
 -- the slot and is recovered; what it does not see is in the slot, and only there.
 -- slot_ours: the slot of that name is the one outbox_log_make_slot made. Slot names are the
 -- cluster's and slots have no owner: one of that name that it did not make is refused.
+-- slot_wanted_from: the WAL position when the lease last found no slot. A slot made from there
+-- on, and not in use, is taken for one outbox_log_make_slot made in a transaction that then
+-- did not commit (the slot outlives it); that is how the first slot is made too.
 -- confirmed_at: when the relay last confirmed, which it does after each read (an empty one
 -- too, so that the slot keeps no WAL of other tables' writes), or when log mode was switched
 -- on with nothing in the log: the slot's lag in time, which grows while no relay reads it.
@@ -1454,6 +1457,7 @@ CREATE TABLE @extschema@.outbox_log_state (
     recovering    boolean     NOT NULL DEFAULT false,
     slot_made     pg_snapshot,
     slot_ours     boolean     NOT NULL DEFAULT false,
+    slot_wanted_from pg_lsn,
     confirmed_at  timestamptz,
     table_since   xid8,
     logged_below  xid8
@@ -1739,7 +1743,10 @@ BEGIN
            SET reader_fence = CASE WHEN s.reader_fence = fence AND fence <> 0 THEN s.reader_fence ELSE s.reader_fence + 1 END,
                reader_until = clock_timestamp() + lease_ms * interval '1 millisecond',
                recovering = s.recovering OR @extschema@.outbox_log_slot_state() <> 'ready',
-               slot_made = CASE WHEN @extschema@.outbox_log_slot_state() <> 'ready' THEN NULL ELSE s.slot_made END
+               slot_made = CASE WHEN @extschema@.outbox_log_slot_state() <> 'ready' THEN NULL ELSE s.slot_made END,
+               slot_wanted_from = CASE WHEN @extschema@.outbox_log_slot_state() = 'missing'
+                                       THEN coalesce(s.slot_wanted_from, pg_current_wal_insert_lsn())
+                                       ELSE s.slot_wanted_from END
          WHERE (s.enabled OR s.recover_from IS NOT NULL)
            AND ((s.reader_fence = fence AND fence <> 0) OR s.reader_until IS NULL OR s.reader_until < clock_timestamp())
         RETURNING s.reader_fence, s.slot, s.recovering)
@@ -1928,7 +1935,18 @@ BEGIN
         RETURN false;
     END IF;
     status := @extschema@.outbox_log_slot_state();
-    IF status = 'foreign' THEN
+    IF status = 'foreign' AND EXISTS (
+        SELECT FROM pg_replication_slots AS r
+         WHERE r.slot_name = state.slot AND r.slot_type = 'logical' AND r.plugin = 'pgoutput'
+           AND r.database = current_database() AND NOT r.temporary AND r.active_pid IS NULL
+           AND r.restart_lsn >= state.slot_wanted_from) THEN
+        -- Made after the lease found none: by this function, in a transaction that did not
+        -- commit. (A role with REPLICATION could have made it in that window, as it could drop
+        -- and make any slot at any time: docs/security.md.)
+        UPDATE @extschema@.outbox_log_state
+           SET recovering = true, slot_made = pg_current_snapshot(), slot_ours = true, slot_wanted_from = NULL;
+        RETURN true;
+    ELSIF status = 'foreign' THEN
         RAISE EXCEPTION 'outbox_log_make_slot: a replication slot named % exists that the outbox did not make: the log is not read until it is dropped', state.slot
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = format('Find out who made it and why; once it is dropped (SELECT pg_drop_replication_slot(%L)), the relay makes its own.', state.slot);
@@ -1941,7 +1959,8 @@ BEGIN
     -- Until outbox_log_recover has run, whatever stops the relay now. This statement's snapshot
     -- is taken after the slot was made, so every transaction it does not see commits after the
     -- slot's consistent point.
-    UPDATE @extschema@.outbox_log_state SET recovering = true, slot_made = pg_current_snapshot(), slot_ours = true;
+    UPDATE @extschema@.outbox_log_state
+       SET recovering = true, slot_made = pg_current_snapshot(), slot_ours = true, slot_wanted_from = NULL;
     RETURN true;
 END
 $$;
