@@ -7,8 +7,14 @@
 -- The ways: a schema owned by another role; CREATE on the schema held by a role other than its
 -- owner (it can plant an outbox_enqueue(varchar, jsonb) that catches calls bound as JDBC binds a
 -- string); an object in the schema owned by another role (its owner can replace it); TRIGGER on
--- a table held by another role (a trigger runs as whoever writes the row). Superusers can change
--- anything anyway, and a role's members are that role (they may SET ROLE to it): neither counts.
+-- a table held by another role (a trigger runs as whoever writes the row); INSERT, UPDATE,
+-- DELETE or TRUNCATE on a table or some of its columns (the outbox's state is only written
+-- through its functions: a row of outbox_log_state or outbox_limits is what the relay trusts);
+-- default privileges of the owner's that give another role anything on what the owner makes
+-- in the schema (the next migrate's tables and functions would carry them; EXECUTE and USAGE
+-- for PUBLIC are PostgreSQL's defaults, which the scripts revoke where it matters); and
+-- membership in pg_write_all_data, which writes every table. Superusers can change anything
+-- anyway, and a role's members are that role (they may SET ROLE to it): neither counts.
 WITH schema AS (
     SELECT n.oid, n.nspname, n.nspowner, n.nspacl
       FROM pg_catalog.pg_namespace AS n
@@ -39,7 +45,8 @@ objects AS (
      WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
        AND d.refobjid OPERATOR(pg_catalog.=) s.oid AND d.deptype OPERATOR(pg_catalog.=) 'n'
 ),
--- The grants that let a role change what is there: CREATE on the schema, TRIGGER on a table.
+-- The grants that let a role change what is there: CREATE on the schema; TRIGGER or a write on
+-- a table, or a write on some of its columns.
 grants AS (
     SELECT pg_catalog.format('SCHEMA %I', s.nspname) AS target, s.nspowner AS owner, a.grantee, a.privilege_type
       FROM schema AS s, pg_catalog.aclexplode(coalesce(s.nspacl, pg_catalog.acldefault('n', s.nspowner))) AS a
@@ -50,7 +57,27 @@ grants AS (
       JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) o.objid, schema AS s, pg_catalog.aclexplode(c.relacl) AS a
      WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
        AND (o.ours OR NOT $3)
-       AND a.privilege_type OPERATOR(pg_catalog.=) 'TRIGGER'
+       AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{TRIGGER,INSERT,UPDATE,DELETE,TRUNCATE}')
+    UNION ALL
+    SELECT pg_catalog.format('TABLE %I.%I', s.nspname, c.relname), c.relowner, a.grantee,
+           pg_catalog.format('%s (%I)', a.privilege_type, t.attname)
+      FROM objects AS o
+      JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) o.objid
+      JOIN pg_catalog.pg_attribute AS t ON t.attrelid OPERATOR(pg_catalog.=) c.oid, schema AS s, pg_catalog.aclexplode(t.attacl) AS a
+     WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+       AND (o.ours OR NOT $3)
+       AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{INSERT,UPDATE}')
+),
+-- The owner's default privileges, in the schema or everywhere: what the next objects it makes
+-- there are given at birth.
+defaults AS (
+    SELECT d.defaclnamespace, d.defaclobjtype, a.grantee, a.privilege_type,
+           CASE d.defaclobjtype WHEN 'r' THEN 'TABLES' WHEN 'S' THEN 'SEQUENCES' WHEN 'f' THEN 'FUNCTIONS'
+                                WHEN 'T' THEN 'TYPES' WHEN 'n' THEN 'SCHEMAS' END AS kind
+      FROM pg_catalog.pg_default_acl AS d, owner AS w, schema AS s, pg_catalog.aclexplode(d.defaclacl) AS a
+     WHERE d.defaclrole OPERATOR(pg_catalog.=) w.oid
+       AND d.defaclnamespace OPERATOR(pg_catalog.=) ANY (ARRAY[0, s.oid])
+       AND NOT (a.grantee OPERATOR(pg_catalog.=) 0 AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{EXECUTE,USAGE}'))
 ),
 ways AS (
     SELECT 1 AS rank,
@@ -69,6 +96,30 @@ ways AS (
         OR NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
                         WHERE r.oid OPERATOR(pg_catalog.=) g.grantee
                           AND (r.rolsuper OR pg_catalog.pg_has_role(g.grantee, g.owner, 'MEMBER')))
+    UNION ALL
+    SELECT 2, pg_catalog.format('the default privileges of %s give %s %s on the %s it makes%s', w.oid::pg_catalog.regrole, f.name,
+                                f.privilege_type, pg_catalog.lower(f.kind),
+                                CASE WHEN f.defaclnamespace OPERATOR(pg_catalog.=) 0 THEN ''
+                                     ELSE pg_catalog.format(' in schema %I', s.nspname) END),
+           pg_catalog.format('ALTER DEFAULT PRIVILEGES FOR ROLE %s%s REVOKE %s ON %s FROM %s', w.oid::pg_catalog.regrole,
+                             CASE WHEN f.defaclnamespace OPERATOR(pg_catalog.=) 0 THEN ''
+                                  ELSE pg_catalog.format(' IN SCHEMA %I', s.nspname) END,
+                             f.privilege_type, f.kind, f.name)
+      FROM (SELECT defaults.*, CASE WHEN defaults.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                    ELSE defaults.grantee::pg_catalog.regrole::pg_catalog.text END AS name
+              FROM defaults) AS f, owner AS w, schema AS s
+     WHERE f.grantee OPERATOR(pg_catalog.=) 0
+        OR NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                        WHERE r.oid OPERATOR(pg_catalog.=) f.grantee
+                          AND (r.rolsuper OR pg_catalog.pg_has_role(f.grantee, w.oid, 'MEMBER')))
+    UNION ALL
+    SELECT 2, pg_catalog.format('%I is a member of pg_write_all_data, which writes every table of schema %I', r.rolname, s.nspname),
+           pg_catalog.format('REVOKE pg_write_all_data FROM %I, unless it is trusted as much as %s', r.rolname, w.oid::pg_catalog.regrole)
+      FROM pg_catalog.pg_roles AS r, owner AS w, schema AS s
+     WHERE pg_catalog.pg_has_role(r.oid, 'pg_write_all_data', 'MEMBER')
+       AND r.rolname OPERATOR(pg_catalog.<>) 'pg_write_all_data'
+       AND NOT r.rolsuper
+       AND NOT pg_catalog.pg_has_role(r.oid, w.oid, 'MEMBER')
     UNION ALL
     -- Who owns what: pg_shdepend records every owner but the bootstrap superuser.
     SELECT 3, pg_catalog.format('%s is owned by %s, not by %s', pg_catalog.pg_describe_object(o.classid, o.objid, 0),

@@ -1,6 +1,6 @@
 //! Who, besides the outbox's owner, could change what the outbox in a schema does: the schema's
-//! owner, CREATE on it, the owners of the objects in it, TRIGGER on its tables
-//! (`sql/schema_writers.sql`). `outbox migrate` installs nothing while anyone could;
+//! owner, CREATE on it, the owners of the objects in it, TRIGGER or writes on its tables, the
+//! owner's default privileges, pg_write_all_data (`sql/schema_writers.sql`). `outbox migrate` installs nothing while anyone could;
 //! `outbox doctor` names each.
 //!
 //! Superusers can change anything anyway, so they do not count; nor do the members of the

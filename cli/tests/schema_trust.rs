@@ -189,3 +189,56 @@ fn doctor_names_an_object_of_the_outbox_given_to_another_role_and_a_trigger_gran
         "{said}"
     );
 }
+
+/// Takes `role` out of pg_write_all_data again, whatever the test did: membership is the
+/// cluster's, and the other tests' outboxes would count it.
+struct WritesAllData(&'static str);
+
+impl Drop for WritesAllData {
+    fn drop(&mut self) {
+        connect("postgres", "postgres").batch_execute(&format!("REVOKE pg_write_all_data FROM {}", self.0)).unwrap();
+    }
+}
+
+#[test]
+fn doctor_names_writes_on_the_outboxs_tables_and_migrate_refuses_default_privileges_that_would_give_them() {
+    let mut db = fresh_database("outbox_t_writes");
+    migrate("outbox_t_writes", &[]);
+    db.batch_execute(
+        "GRANT UPDATE ON outbox.outbox_log_state TO app;
+         GRANT UPDATE (max_attempts) ON outbox.outbox_limits TO app;
+         DO $$ BEGIN CREATE ROLE writes_all; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+         GRANT pg_write_all_data TO writes_all",
+    )
+    .unwrap();
+    let member = WritesAllData("writes_all");
+    let said = doctor_complains("outbox_owner", "outbox_t_writes");
+    for drift in [
+        "app holds UPDATE on TABLE outbox.outbox_log_state: REVOKE UPDATE ON TABLE outbox.outbox_log_state FROM app",
+        "app holds UPDATE (max_attempts) on TABLE outbox.outbox_limits: REVOKE UPDATE (max_attempts) ON TABLE outbox.outbox_limits FROM app",
+        "writes_all is a member of pg_write_all_data, which writes every table of schema outbox",
+    ] {
+        assert!(said.contains(drift), "doctor names it ({drift}):\n{said}");
+    }
+    // Each remedy, run as written, clears its complaint.
+    db.batch_execute(
+        "REVOKE UPDATE ON TABLE outbox.outbox_log_state FROM app;
+         REVOKE UPDATE (max_attempts) ON TABLE outbox.outbox_limits FROM app",
+    )
+    .unwrap();
+    drop(member);
+    let output = outbox(&["doctor", "--database-url", &url("outbox_owner", "outbox_t_writes")]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+
+    // Default privileges the owner was given would put grants on the tables migrate makes.
+    let mut db = fresh_database("outbox_t_default_acl");
+    db.batch_execute("ALTER DEFAULT PRIVILEGES FOR ROLE outbox_owner GRANT INSERT ON TABLES TO app").unwrap();
+    let said = migrate_refused("outbox_t_default_acl");
+    assert!(
+        said.contains("the default privileges of outbox_owner give app INSERT on the tables it makes: ALTER DEFAULT PRIVILEGES FOR ROLE outbox_owner REVOKE INSERT ON TABLES FROM app"),
+        "{said}"
+    );
+    assert_eq!(installed(&mut db), (0, 0), "nothing installed");
+    db.batch_execute("ALTER DEFAULT PRIVILEGES FOR ROLE outbox_owner REVOKE INSERT ON TABLES FROM app").unwrap();
+    migrate("outbox_t_default_acl", &[]);
+}
