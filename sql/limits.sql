@@ -23,15 +23,21 @@ AS $$ SELECT EXISTS (SELECT FROM pg_extension AS x WHERE x.extname = 'outbox_ext
 
 -- The attempts a delivery gets when its endpoint sets none: outbox_claim and outbox_nack
 -- (sql/pull.sql) and the relay's read of the endpoints (sql/load_endpoints.sql) cap by it.
+-- On the extension's install the library is loaded first (sql/library_settings.sql): without
+-- shared_preload_libraries, the setting may still be a placeholder the caller SET.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_max_attempts()
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN @extschema@.outbox_installed_as_extension()
-                THEN coalesce(nullif(current_setting('outbox.max_attempts', true), '')::integer, 10)
-                ELSE coalesce((SELECT l.max_attempts FROM @extschema@.outbox_limits AS l), 10) END
+BEGIN
+    IF @extschema@.outbox_installed_as_extension() THEN
+        PERFORM @extschema@.outbox_load_settings();
+        RETURN coalesce(nullif(current_setting('outbox.max_attempts', true), '')::integer, 10);
+    END IF;
+    RETURN coalesce((SELECT l.max_attempts FROM @extschema@.outbox_limits AS l), 10);
+END
 $$;
 
 -- Sets one limit of the SQL install, in the settings' units: max_payload_bytes as a size

@@ -499,7 +499,22 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_max_endpoints() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_max_headers() FROM PUBLIC;
 
 -- The limits, read where no session can change them: on the SQL install, outbox.* names are
--- placeholders any role may SET.
+-- placeholders any role may SET, and so they are on the extension's until its library loads.
+-- Written in Rust (src/settings.rs): calling it loads the extension's library into the session
+-- if nothing had yet, and does nothing else. The library defines the outbox.* settings, with
+-- who may set each. Loaded through shared_preload_libraries, every session has them; without
+-- it (no relay workers, `outbox relay` serving the extension instead), a session that called
+-- none of the library's functions has only placeholders of those names, which any role may
+-- SET. Once loaded, the library's settings replace them and drop a value that a role without
+-- the privilege had SET (with a warning). The SQL functions that read a setting of the
+-- extension's call it first (outbox_max_attempts, outbox_relay_server_settings).
+CREATE OR REPLACE FUNCTION @extschema@.outbox_load_settings()
+RETURNS void
+LANGUAGE c
+STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_load_settings_wrapper';
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_load_settings() FROM PUBLIC;
 -- The limits the outbox's functions enforce on callers (outbox.max_payload_bytes,
 -- outbox.deliver_at_horizon, outbox.max_attempts), read from where no caller can change them.
 -- The extension's library defines them as settings only a superuser sets (src/settings.rs).
@@ -525,15 +540,21 @@ AS $$ SELECT EXISTS (SELECT FROM pg_extension AS x WHERE x.extname = 'outbox_ext
 
 -- The attempts a delivery gets when its endpoint sets none: outbox_claim and outbox_nack
 -- (sql/pull.sql) and the relay's read of the endpoints (sql/load_endpoints.sql) cap by it.
+-- On the extension's install the library is loaded first (sql/library_settings.sql): without
+-- shared_preload_libraries, the setting may still be a placeholder the caller SET.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_max_attempts()
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN @extschema@.outbox_installed_as_extension()
-                THEN coalesce(nullif(current_setting('outbox.max_attempts', true), '')::integer, 10)
-                ELSE coalesce((SELECT l.max_attempts FROM @extschema@.outbox_limits AS l), 10) END
+BEGIN
+    IF @extschema@.outbox_installed_as_extension() THEN
+        PERFORM @extschema@.outbox_load_settings();
+        RETURN coalesce(nullif(current_setting('outbox.max_attempts', true), '')::integer, 10);
+    END IF;
+    RETURN coalesce((SELECT l.max_attempts FROM @extschema@.outbox_limits AS l), 10);
+END
 $$;
 
 -- Sets one limit of the SQL install, in the settings' units: max_payload_bytes as a size
@@ -646,8 +667,9 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_relay_processes() FROM PUBLIC;
 -- beginning now would read it (ALTER DATABASE … SET and ALTER ROLE … SET hold for the sessions
 -- that begin after them, and the relay's is older); outbox.allowed_destinations; and
 -- outbox.webhook_url, the URL of the endpoint default while its own is null. Only superusers
--- may read the last two. No row where no library defines them: the SQL install's relay obeys
--- its own flags alone.
+-- may read the last two. The library is loaded first, where the extension is installed but not
+-- preloaded (sql/library_settings.sql). No row where no library defines them: the SQL
+-- install's relay obeys its own flags alone.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_relay_server_settings()
 RETURNS TABLE (serves boolean, allowed_destinations text, webhook_url text)
 LANGUAGE plpgsql
@@ -659,6 +681,9 @@ DECLARE
     relay pg_settings;
     stored text;
 BEGIN
+    IF @extschema@.outbox_installed_as_extension() THEN
+        PERFORM @extschema@.outbox_load_settings();
+    END IF;
     SELECT * INTO relay FROM pg_settings AS s WHERE s.name = 'outbox.relay' AND s.vartype = 'bool';
     IF NOT FOUND THEN
         RETURN;

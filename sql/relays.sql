@@ -47,8 +47,9 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_relay_processes() FROM PUBLIC;
 -- beginning now would read it (ALTER DATABASE … SET and ALTER ROLE … SET hold for the sessions
 -- that begin after them, and the relay's is older); outbox.allowed_destinations; and
 -- outbox.webhook_url, the URL of the endpoint default while its own is null. Only superusers
--- may read the last two. No row where no library defines them: the SQL install's relay obeys
--- its own flags alone.
+-- may read the last two. The library is loaded first, where the extension is installed but not
+-- preloaded (sql/library_settings.sql). No row where no library defines them: the SQL
+-- install's relay obeys its own flags alone.
 CREATE OR REPLACE FUNCTION @extschema@.outbox_relay_server_settings()
 RETURNS TABLE (serves boolean, allowed_destinations text, webhook_url text)
 LANGUAGE plpgsql
@@ -60,6 +61,9 @@ DECLARE
     relay pg_settings;
     stored text;
 BEGIN
+    IF @extschema@.outbox_installed_as_extension() THEN
+        PERFORM @extschema@.outbox_load_settings();
+    END IF;
     SELECT * INTO relay FROM pg_settings AS s WHERE s.name = 'outbox.relay' AND s.vartype = 'bool';
     IF NOT FOUND THEN
         RETURN;

@@ -45,7 +45,8 @@ extension_sql_file!("../sql/attempts.sql", name = "attempts", requires = ["deliv
 extension_sql_file!("../sql/ordering.sql", name = "ordering", requires = ["attempts"]);
 extension_sql_file!("../sql/endpoints_version.sql", name = "endpoints_version", requires = ["deliveries"]);
 extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["ordering", "endpoints_version"]);
-extension_sql_file!("../sql/limits.sql", name = "limits", requires = ["endpoints"]);
+extension_sql_file!("../sql/library_settings.sql", name = "library_settings", requires = ["endpoints"]);
+extension_sql_file!("../sql/limits.sql", name = "limits", requires = ["library_settings"]);
 extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["limits"]);
 extension_sql_file!("../sql/pull.sql", name = "pull", requires = ["claim"]);
 extension_sql_file!("../sql/relays.sql", name = "relays", requires = ["pull"]);
@@ -56,11 +57,13 @@ extension_sql_file!("../sql/api.sql", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    settings::register();
-    // Workers and shared memory exist only when loaded through shared_preload_libraries;
-    // CREATE EXTENSION alone still gives a working outbox_enqueue (delivered by nobody).
     // SAFETY: a PostgreSQL global, read in _PG_init on the main thread.
-    if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
+    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    settings::register(preloading);
+    // Workers and shared memory exist only when loaded through shared_preload_libraries;
+    // CREATE EXTENSION alone still gives a working outbox_enqueue, delivered by `outbox relay`
+    // (cli/tests/sql_install.rs, on the cluster that preloads nothing).
+    if !preloading {
         return;
     }
     redact::install_log_hook();

@@ -34,29 +34,17 @@ pub static DELIVER_AT_HORIZON_S: GucSetting<i32> = GucSetting::<i32>::new(90 * 2
 pub const MAX_WORKERS: usize = 32;
 const HOUR_MS: i32 = 3_600_000;
 
-pub fn register() {
-    use GucContext::{Postmaster, Sighup, Suset};
+/// Defines the settings; those of the workers, which only start with the server, only while
+/// the library is preloaded (`preloading`): PostgreSQL ends the session (FATAL) that defines a
+/// postmaster setting after start-up, as a library loaded by a function's first call would.
+pub fn register(preloading: bool) {
+    use GucContext::{Sighup, Suset};
     let none = GucFlags::empty();
     let ms = GucFlags::UNIT_MS;
 
-    GucRegistry::define_string_guc(
-        c"outbox.database",
-        c"The only database the relay workers serve; empty serves every database.",
-        c"Empty: every database where outbox_ext is installed is served. Set: only this one.",
-        &DATABASE,
-        Postmaster,
-        none,
-    );
-    GucRegistry::define_int_guc(
-        c"outbox.workers",
-        c"Relay workers per database with outbox_ext.",
-        c"Each worker claims and delivers events on its own; they share the queue through row locks. 0 starts no launcher.",
-        &WORKERS,
-        0,
-        MAX_WORKERS as i32,
-        Postmaster,
-        none,
-    );
+    if preloading {
+        register_workers();
+    }
     GucRegistry::define_bool_guc(
         c"outbox.relay",
         c"Whether the relay workers serve this database.",
@@ -247,6 +235,34 @@ unsafe extern "C-unwind" fn check_allowed_destinations(
         }
     }
 }
+
+/// The settings read when the server starts the workers.
+fn register_workers() {
+    let none = GucFlags::empty();
+    GucRegistry::define_string_guc(
+        c"outbox.database",
+        c"The only database the relay workers serve; empty serves every database.",
+        c"Empty: every database where outbox_ext is installed is served. Set: only this one.",
+        &DATABASE,
+        GucContext::Postmaster,
+        none,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.workers",
+        c"Relay workers per database with outbox_ext.",
+        c"Each worker claims and delivers events on its own; they share the queue through row locks. 0 starts no launcher.",
+        &WORKERS,
+        0,
+        MAX_WORKERS as i32,
+        GucContext::Postmaster,
+        none,
+    );
+}
+
+/// Does nothing: calling it loads the library into a session that had not loaded it, so that
+/// the settings above replace the placeholders of their names (`sql/library_settings.sql`).
+#[pg_extern(sql = false)]
+fn outbox_load_settings() {}
 
 /// `outbox.database`: empty for every database.
 pub fn database() -> String {

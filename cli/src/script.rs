@@ -6,13 +6,14 @@
 
 /// The install script of the version this binary is: the files `src/lib.rs` declares, in its
 /// order, then the SQL forms of the library's functions.
-const INSTALL: [&str; 13] = [
+const INSTALL: [&str; 14] = [
     include_str!("../../sql/schema.sql"),
     include_str!("../../sql/deliveries.sql"),
     include_str!("../../sql/attempts.sql"),
     include_str!("../../sql/ordering.sql"),
     include_str!("../../sql/endpoints_version.sql"),
     include_str!("../../sql/endpoints.sql"),
+    include_str!("../../sql/library_settings.sql"),
     include_str!("../../sql/limits.sql"),
     include_str!("../../sql/claim.sql"),
     include_str!("../../sql/pull.sql"),
@@ -69,7 +70,7 @@ fn extension_only(statement: &str) -> bool {
 /// privileges.
 fn library_function_privilege(code: &str) -> bool {
     (code.starts_with("REVOKE") || code.starts_with("GRANT"))
-        && ["outbox_enqueue(", "outbox_workers(", "outbox_worker_attempts(", "outbox_enqueued("].iter().any(|name| code.contains(name))
+        && ["outbox_enqueue(", "outbox_workers(", "outbox_worker_attempts(", "outbox_enqueued(", "outbox_load_settings("].iter().any(|name| code.contains(name))
 }
 
 /// The text of `sql` without its `--` lines and `/* */` comments.

@@ -714,3 +714,26 @@ fn on_the_extension_install_no_session_sets_a_limit() {
     assert_eq!(as_role(database, "postgres", "SELECT outbox.outbox_limit_set('max_attempts', '1000')"), Err("55000".to_string()));
     assert_eq!(as_role(database, "app", "SELECT outbox.outbox_limit_set('max_attempts', '1000')"), Err("42501".to_string()));
 }
+
+#[test]
+fn on_the_extension_install_without_its_library_preloaded_no_session_sets_a_limit_and_the_relay_reads_the_servers_settings() {
+    // The managed cluster loads no outbox library at start: a session has placeholders for the
+    // outbox.* names until something loads it.
+    let database = "outbox_t_limits_unloaded";
+    let mut db = fresh_database_on(Managed, database);
+    db.batch_execute(&format!(
+        "CREATE SCHEMA outbox; CREATE EXTENSION outbox_ext SCHEMA outbox;
+         ALTER DATABASE {database} SET outbox.relay = off"
+    ))
+    .unwrap();
+    producer_and_consumer(&mut db, "outbox");
+    let event: i64 = db.query_one("SELECT outbox.outbox_enqueue('t', '{}')", &[]).unwrap().get(0);
+    assert_eq!(
+        nack_until_dead(Managed, database, "SET outbox.max_attempts = 1000", event, 20),
+        Some(10),
+        "dead at outbox.max_attempts, 10, not at the session's placeholder"
+    );
+    // A new session, which has not loaded the library either, as `outbox relay` starts.
+    let server = connect_on(Managed, "postgres", database).query("SELECT serves FROM outbox.outbox_relay_server_settings()", &[]).unwrap();
+    assert_eq!(server.iter().map(|row| row.get::<_, bool>(0)).collect::<Vec<_>>(), vec![false], "outbox.relay is off here");
+}

@@ -23,7 +23,8 @@ DROP SEQUENCE @extschema@.outbox_endpoints_version;
 --@include endpoints.sql
 
 -- The limits, read where no session can change them: on the SQL install, outbox.* names are
--- placeholders any role may SET.
+-- placeholders any role may SET, and so they are on the extension's until its library loads.
+--@include library_settings.sql
 --@include limits.sql
 
 -- The outbox relay processes (`outbox relay`) record themselves, for the monitoring and for
