@@ -313,6 +313,27 @@ fn stalled_requests_hold_no_serving_thread_and_are_closed_after_the_read_timeout
 }
 
 #[test]
+fn connections_stalled_in_every_place_give_way_to_a_whole_request() {
+    let (_db, console, address) = console_on("outbox_t_places", &[]);
+    // As many connections as the console keeps open (128), each stalled in its request line.
+    // They are accepted in the order they connected, before the request below.
+    let mut stalled: Vec<TcpStream> = (0..128)
+        .map(|_| {
+            let mut stream = TcpStream::connect(&address).unwrap();
+            stream.write_all(b"GE").unwrap();
+            stream
+        })
+        .collect();
+    let (status, answer) = get(&address, "/api/endpoints", &format!("host: {address}\r\n"));
+    assert_eq!(status, 200, "{answer}");
+    // The oldest gave way: closed at once, unanswered, not after the 10 s read timeout (408).
+    stalled[0].set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let (status, answer) = answer_of(&mut stalled[0]);
+    assert_eq!(status, 0, "the oldest stalled connection was closed unanswered: {answer}");
+    console.stop();
+}
+
+#[test]
 fn the_metrics_listener_answers_only_its_address_and_allowed_hosts_and_no_other_site() {
     let database = "outbox_t_metrics_hosts";
     fresh_database(database);

@@ -121,15 +121,17 @@ impl Response {
 pub struct Connection {
     stream: TcpStream,
     deadline: Instant,
+    /// How long the client has to take its whole answer.
+    time: Duration,
     /// Bytes read past the headers: the body's start.
     pending: Vec<u8>,
 }
 
 impl Connection {
-    /// `time` is how long the client has to send its request, and to take each write of the answer.
+    /// `time` is how long the client has to send its request, and to take the whole answer.
     pub fn new(stream: TcpStream, time: Duration) -> io::Result<Connection> {
         stream.set_write_timeout(Some(time))?;
-        Ok(Connection { stream, deadline: Instant::now() + time, pending: Vec::new() })
+        Ok(Connection { stream, deadline: Instant::now() + time, time, pending: Vec::new() })
     }
 
     /// The request line and headers; the body is left for `read_body`.
@@ -155,9 +157,10 @@ impl Connection {
         }
     }
 
-    /// Tells a client that waits before sending its body (`expect: 100-continue`) to send it.
+    /// Tells a client that waits before sending its body (`expect: 100-continue`) to send it,
+    /// within the time it has to send its request.
     pub fn invite_body(&mut self) -> io::Result<()> {
-        self.stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.write_by(b"HTTP/1.1 100 Continue\r\n\r\n", self.deadline)
     }
 
     /// Reads the body of `length` bytes (which the caller has checked against its limit).
@@ -199,9 +202,28 @@ impl Connection {
             head.push_str(&format!("{name}: {value}\r\n"));
         }
         head.push_str(&format!("content-length: {}\r\nconnection: close\r\n\r\n", response.body.len()));
-        self.stream.write_all(head.as_bytes())?;
-        self.stream.write_all(&response.body)?;
-        self.stream.flush()
+        let deadline = Instant::now() + self.time;
+        self.write_by(head.as_bytes(), deadline)?;
+        self.write_by(&response.body, deadline)
+    }
+
+    /// Writes all of `bytes` by `deadline`: a client that takes its answer a byte at a time
+    /// holds its connection's thread that long at most, not a write timeout per byte.
+    fn write_by(&mut self, mut bytes: &[u8], deadline: Instant) -> io::Result<()> {
+        while !bytes.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            self.stream.set_write_timeout(Some(left))?;
+            match self.stream.write(bytes) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(written) => bytes = &bytes[written..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Closes the connection. `unread`: the client may still be sending what was refused; a
@@ -287,7 +309,28 @@ fn reason(status: u16) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use std::net::TcpListener;
+
     use super::*;
+
+    #[test]
+    fn a_client_that_takes_its_answer_slowly_is_given_up_at_the_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        // Takes 64 kB every 50 ms: each write goes on well within its time, the whole answer
+        // would take minutes.
+        std::thread::spawn(move || {
+            let mut chunk = vec![0u8; 64 * 1024];
+            while client.read(&mut chunk).is_ok_and(|read| read > 0) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let (stream, _) = listener.accept().unwrap();
+        let mut connection = Connection::new(stream, Duration::from_millis(300)).unwrap();
+        let answer = Response::new(200, "application/octet-stream", vec![b'x'; 64 * 1024 * 1024]);
+        let written = connection.answer(&answer);
+        assert_eq!(written.map_err(|e| e.kind()), Err(io::ErrorKind::TimedOut));
+    }
 
     #[test]
     fn a_head_parses_into_its_line_and_headers() {

@@ -3,8 +3,10 @@
 //! bounds: its request line and headers (`http::HEADER_BYTES`), its body (the listener's
 //! limit) and the time it has to send them (`READ_TIME`); then whom it comes from is checked
 //! (`hosts`). Only a whole request that passed is handed to the serving threads, so a slow or
-//! stalled client holds its own connection's thread, never a serving one; at most
-//! `CONNECTIONS` are open at once.
+//! stalled client holds its own connection's thread, never a serving one. At most
+//! `CONNECTIONS` are open at once; when all are taken, a new connection closes the one that
+//! has been reading its request the longest, so that stalled clients cannot lock out a
+//! scraper or an operator whose requests arrive whole at once.
 //!
 //! - `http`: reading one request within its bounds, and writing its answer.
 //! - `hosts`: the `Host`, `Origin` and `Sec-Fetch-Site` checks.
@@ -12,10 +14,10 @@
 mod hosts;
 mod http;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -25,11 +27,12 @@ pub use http::{Request, Response};
 use hosts::Hosts;
 use http::{Connection, ReadError};
 
-/// How long a client has to send its whole request (line, headers and body), and to take each
-/// write of its answer.
+/// How long a client has to send its whole request (line, headers and body), and to take its
+/// whole answer.
 const READ_TIME: Duration = Duration::from_secs(10);
 
-/// Connections open at once; one more is closed as soon as it is accepted.
+/// Connections open at once. One more closes the oldest still reading its request; with none
+/// reading, it is closed itself.
 const CONNECTIONS: usize = 128;
 
 /// A connection's thread only reads, checks and writes.
@@ -52,6 +55,9 @@ struct Shared {
     waiting: Mutex<Waiting>,
     arrived: Condvar,
     open: AtomicUsize,
+    /// The connections still reading their requests, oldest first, by their number.
+    reading: Mutex<BTreeMap<u64, TcpStream>>,
+    numbered: AtomicU64,
 }
 
 #[derive(Default)]
@@ -86,6 +92,8 @@ impl Listener {
             waiting: Mutex::new(Waiting::default()),
             arrived: Condvar::new(),
             open: AtomicUsize::new(0),
+            reading: Mutex::new(BTreeMap::new()),
+            numbered: AtomicU64::new(0),
         });
         let accepting = Arc::clone(&shared);
         std::thread::Builder::new().name(format!("{name}-accept")).spawn(move || accept(&socket, &accepting))?;
@@ -131,14 +139,48 @@ impl Shared {
         self.arrived.notify_one();
         true
     }
+
+    /// Closes the connection that has been reading its request the longest; false if none is.
+    /// Its thread's next read fails, which ends it and gives its place back.
+    fn close_oldest_reading(&self) -> bool {
+        let oldest = self.reading.lock().unwrap_or_else(PoisonError::into_inner).pop_first();
+        // Shut down, it can only fail if the client is gone already: either way it is closed.
+        oldest.map(|(_, stream)| stream.shutdown(Shutdown::Both)).is_some()
+    }
+}
+
+/// A connection's place among those reading their requests, left when dropped.
+struct Reading<'a> {
+    shared: &'a Shared,
+    number: u64,
+}
+
+impl<'a> Reading<'a> {
+    /// Records `stream` as reading; `None` if it cannot be cloned (then nothing could close it).
+    fn enter(shared: &'a Shared, stream: &TcpStream) -> Option<Reading<'a>> {
+        let number = shared.numbered.fetch_add(1, Ordering::Relaxed);
+        shared.reading.lock().unwrap_or_else(PoisonError::into_inner).insert(number, stream.try_clone().ok()?);
+        Some(Reading { shared, number })
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.shared.reading.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.number);
+    }
 }
 
 /// One of the `CONNECTIONS` places, given back when its connection's thread ends.
 struct Place(Arc<Shared>);
 
 impl Place {
+    /// A free place; or, with none, the place of the oldest connection still reading, which is
+    /// closed (its thread gives it back as it ends: until then, one more may be open).
     fn take(shared: &Arc<Shared>) -> Option<Place> {
-        let taken = shared.open.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |open| (open < CONNECTIONS).then_some(open + 1));
+        let mut taken = shared.open.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |open| (open < CONNECTIONS).then_some(open + 1));
+        if taken.is_err() && shared.close_oldest_reading() {
+            taken = shared.open.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |open| (open < 2 * CONNECTIONS).then_some(open + 1));
+        }
         taken.is_ok().then(|| Place(Arc::clone(shared)))
     }
 }
@@ -168,8 +210,11 @@ fn accept(socket: &TcpListener, shared: &Arc<Shared>) {
 /// Reads the connection's request, checks it, has a serving thread answer it, and closes the
 /// connection.
 fn converse(stream: TcpStream, shared: &Shared) {
+    let Some(reading) = Reading::enter(shared, &stream) else { return };
     let Ok(mut connection) = Connection::new(stream, READ_TIME) else { return };
-    match take_request(&mut connection, shared) {
+    let taken = take_request(&mut connection, shared);
+    drop(reading);
+    match taken {
         Ok(request) => {
             let (reply, replied) = mpsc::sync_channel(1);
             if shared.hand_on(Exchange { request, reply }) {
