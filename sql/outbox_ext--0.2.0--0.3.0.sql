@@ -1769,8 +1769,9 @@ BEGIN
                reader_until = clock_timestamp() + lease_ms * interval '1 millisecond',
                recovering = s.recovering OR @extschema@.outbox_log_slot_state() <> 'ready',
                slot_made = CASE WHEN @extschema@.outbox_log_slot_state() <> 'ready' THEN NULL ELSE s.slot_made END,
-               slot_wanted_from = CASE WHEN @extschema@.outbox_log_slot_state() = 'missing'
-                                       THEN coalesce(s.slot_wanted_from, pg_current_wal_insert_lsn())
+               slot_wanted_from = CASE @extschema@.outbox_log_slot_state()
+                                       WHEN 'missing' THEN coalesce(s.slot_wanted_from, pg_current_wal_insert_lsn())
+                                       WHEN 'ready' THEN NULL
                                        ELSE s.slot_wanted_from END
          WHERE (s.enabled OR s.recover_from IS NOT NULL)
            AND ((s.reader_fence = fence AND fence <> 0) OR s.reader_until IS NULL OR s.reader_until < clock_timestamp())
@@ -1963,7 +1964,7 @@ BEGIN
     IF status = 'foreign' AND EXISTS (
         SELECT FROM pg_replication_slots AS r
          WHERE r.slot_name = state.slot AND r.slot_type = 'logical' AND r.plugin = 'pgoutput'
-           AND r.database = current_database() AND NOT r.temporary AND r.active_pid IS NULL
+           AND r.database = current_database() AND NOT r.temporary AND NOT r.two_phase AND r.active_pid IS NULL
            AND r.restart_lsn >= state.slot_wanted_from) THEN
         -- Made after the lease found none: by this function, in a transaction that did not
         -- commit. (A role with REPLICATION could have made it in that window, as it could drop

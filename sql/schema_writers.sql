@@ -8,11 +8,13 @@
 -- owner (it can plant an outbox_enqueue(varchar, jsonb) that catches calls bound as JDBC binds a
 -- string); an object in the schema owned by another role (its owner can replace it); TRIGGER on
 -- a table held by another role (a trigger runs as whoever writes the row); INSERT, UPDATE,
--- DELETE or TRUNCATE on a table or some of its columns (the outbox's state is only written
+-- DELETE, TRUNCATE or REFERENCES (a foreign key can hold back retention) on a table or some
+-- of its columns (the outbox's state is only written
 -- through its functions: a row of outbox_log_state or outbox_limits is what the relay trusts);
 -- default privileges of the owner's that give another role anything on what the owner makes
--- in the schema (the next migrate's tables and functions would carry them; EXECUTE and USAGE
--- for PUBLIC are PostgreSQL's defaults, which the scripts revoke where it matters); and
+-- in the schema (the next migrate's tables and functions would carry them; EXECUTE on
+-- functions and USAGE on types for PUBLIC are PostgreSQL's defaults, which the scripts revoke
+-- where it matters); and
 -- membership in pg_write_all_data, which writes every table. Superusers can change anything
 -- anyway, and a role's members are that role (they may SET ROLE to it): neither counts.
 WITH schema AS (
@@ -34,11 +36,17 @@ owner AS (
                 ELSE s.nspowner END AS oid
       FROM schema AS s
 ),
--- The schema's objects (each depends on it), and whether each is the extension's.
+-- The schema's objects (each depends on it), and whether each is the extension's: one of its
+-- members, or a partition of one (outbox_log_maintain makes the log's hourly partitions, which
+-- are no members, and a row inserted into one is an event).
 objects AS (
     SELECT d.classid, d.objid,
            EXISTS (SELECT FROM pg_catalog.pg_depend AS e, extension AS x
-                    WHERE e.classid OPERATOR(pg_catalog.=) d.classid AND e.objid OPERATOR(pg_catalog.=) d.objid
+                    WHERE e.classid OPERATOR(pg_catalog.=) d.classid
+                      AND e.objid OPERATOR(pg_catalog.=) ANY (ARRAY[d.objid] OPERATOR(pg_catalog.||)
+                            ARRAY(SELECT i.inhparent FROM pg_catalog.pg_inherits AS i
+                                   WHERE i.inhrelid OPERATOR(pg_catalog.=) d.objid
+                                     AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass))
                       AND e.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
                       AND e.refobjid OPERATOR(pg_catalog.=) x.oid AND e.deptype OPERATOR(pg_catalog.=) 'e') AS ours
       FROM pg_catalog.pg_depend AS d, schema AS s
@@ -57,7 +65,7 @@ grants AS (
       JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) o.objid, schema AS s, pg_catalog.aclexplode(c.relacl) AS a
      WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
        AND (o.ours OR NOT $3)
-       AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{TRIGGER,INSERT,UPDATE,DELETE,TRUNCATE}')
+       AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{TRIGGER,INSERT,UPDATE,DELETE,TRUNCATE,REFERENCES}')
     UNION ALL
     SELECT pg_catalog.format('TABLE %I.%I', s.nspname, c.relname), c.relowner, a.grantee,
            pg_catalog.format('%s (%I)', a.privilege_type, t.attname)
@@ -66,7 +74,7 @@ grants AS (
       JOIN pg_catalog.pg_attribute AS t ON t.attrelid OPERATOR(pg_catalog.=) c.oid, schema AS s, pg_catalog.aclexplode(t.attacl) AS a
      WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
        AND (o.ours OR NOT $3)
-       AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{INSERT,UPDATE}')
+       AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{INSERT,UPDATE,REFERENCES}')
 ),
 -- The owner's default privileges, in the schema or everywhere: what the next objects it makes
 -- there are given at birth.
@@ -77,7 +85,9 @@ defaults AS (
       FROM pg_catalog.pg_default_acl AS d, owner AS w, schema AS s, pg_catalog.aclexplode(d.defaclacl) AS a
      WHERE d.defaclrole OPERATOR(pg_catalog.=) w.oid
        AND d.defaclnamespace OPERATOR(pg_catalog.=) ANY (ARRAY[0, s.oid])
-       AND NOT (a.grantee OPERATOR(pg_catalog.=) 0 AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{EXECUTE,USAGE}'))
+       AND NOT (a.grantee OPERATOR(pg_catalog.=) 0
+                AND ((d.defaclobjtype OPERATOR(pg_catalog.=) 'f' AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE')
+                  OR (d.defaclobjtype OPERATOR(pg_catalog.=) 'T' AND a.privilege_type OPERATOR(pg_catalog.=) 'USAGE')))
 ),
 ways AS (
     SELECT 1 AS rank,
@@ -113,11 +123,12 @@ ways AS (
                         WHERE r.oid OPERATOR(pg_catalog.=) f.grantee
                           AND (r.rolsuper OR pg_catalog.pg_has_role(f.grantee, w.oid, 'MEMBER')))
     UNION ALL
+    -- Its direct members: a member of one of them is named through it.
     SELECT 2, pg_catalog.format('%I is a member of pg_write_all_data, which writes every table of schema %I', r.rolname, s.nspname),
            pg_catalog.format('REVOKE pg_write_all_data FROM %I, unless it is trusted as much as %s', r.rolname, w.oid::pg_catalog.regrole)
-      FROM pg_catalog.pg_roles AS r, owner AS w, schema AS s
-     WHERE pg_catalog.pg_has_role(r.oid, 'pg_write_all_data', 'MEMBER')
-       AND r.rolname OPERATOR(pg_catalog.<>) 'pg_write_all_data'
+      FROM pg_catalog.pg_auth_members AS m
+      JOIN pg_catalog.pg_roles AS r ON r.oid OPERATOR(pg_catalog.=) m.member, owner AS w, schema AS s
+     WHERE m.roleid OPERATOR(pg_catalog.=) 'pg_write_all_data'::pg_catalog.regrole
        AND NOT r.rolsuper
        AND NOT pg_catalog.pg_has_role(r.oid, w.oid, 'MEMBER')
     UNION ALL

@@ -198,7 +198,18 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END FROM @extschema@.outbox_id_seq AS s $$;
 
+-- Loads the library's settings (sql/library_settings.sql): there is no library here, and the
+-- limits are read from outbox_limits instead. Declared so that both installs have the same
+-- functions; nothing here calls it.
+CREATE OR REPLACE FUNCTION @extschema@.outbox_load_settings()
+RETURNS void
+LANGUAGE sql
+STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT $$;
+
 REVOKE ALL ON FUNCTION @extschema@.outbox_enqueue(text, jsonb, text, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.outbox_load_settings() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_workers() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_worker_attempts() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.outbox_enqueued() FROM PUBLIC;

@@ -14,6 +14,7 @@ use postgres::error::SqlState;
 use postgres::types::Type;
 use postgres::{Client, Config};
 
+use crate::output;
 use crate::pgpass::{self, Wanted};
 use crate::tls::{connector, take_tls, Tls, TlsError};
 use outbox_core::statements::qualify;
@@ -164,7 +165,7 @@ fn warn_once(text: String) {
     static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let mut said = SAID.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if !said.contains(&text) {
-        eprintln!("outbox: warning: {text}");
+        output::say(&format!("outbox: warning: {text}"));
         said.push(text);
     }
 }

@@ -20,7 +20,8 @@ use crate::writers::{writers, Owner};
 const DESCRIBE: &str = include_str!("../../sql/describe.sql");
 /// The functions the extension's library provides, which the SQL install writes in SQL: for the
 /// extension, compared by signature.
-const LIBRARY_FUNCTIONS: [&str; 4] = ["outbox_enqueue", "outbox_workers", "outbox_worker_attempts", "outbox_enqueued"];
+const LIBRARY_FUNCTIONS: [&str; 5] =
+    ["outbox_enqueue", "outbox_load_settings", "outbox_workers", "outbox_worker_attempts", "outbox_enqueued"];
 
 /// One difference between the database and its version.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,6 +14,7 @@
 //! - `doctor`: the `doctor` command.
 //! - `writers`: who besides the outbox's owner could change it (migrate refuses, doctor names).
 //! - `console`: the `console` command, the operator's console in a browser.
+//! - `output`: lines on standard output and error that never panic.
 
 mod connection;
 mod console;
@@ -24,6 +25,7 @@ mod log_stream;
 mod metrics;
 mod migrate;
 mod options;
+mod output;
 mod pgpass;
 mod presence;
 mod queue;
@@ -35,7 +37,6 @@ mod tls;
 mod wake;
 mod writers;
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -87,37 +88,38 @@ fn main() -> ExitCode {
     // The file sets variables the flags then read: before clap parses them.
     if let Some(path) = config_path() {
         if let Err(e) = options::load_config_file(&path) {
-            eprintln!("outbox: {e}");
+            output::say(&format!("outbox: {e}"));
             return ExitCode::from(2);
         }
     }
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
-            report(&format!("outbox {}\nschema version {}", connection::VERSION, connection::VERSION));
+            output::answer(&format!("outbox {}\nschema version {}", connection::VERSION, connection::VERSION));
             ExitCode::SUCCESS
         }
         Command::Migrate { database, dry_run, to } => match migrate::run(&database, to.as_deref(), dry_run) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("outbox migrate: error: {e}");
+                output::say(&format!("outbox migrate: error: {e}"));
                 ExitCode::FAILURE
             }
         },
         Command::Doctor(database) => {
             match doctor::run(&database) {
                 Ok((schema, version, drift)) if drift.is_empty() => {
-                    report(&format!("outbox doctor: the outbox in schema {schema} is as version {version} installs it, and only its owner can change it"));
+                    output::answer(&format!("outbox doctor: the outbox in schema {schema} is as version {version} installs it, and only its owner can change it"));
                     ExitCode::SUCCESS
                 }
                 Ok((schema, version, drift)) => {
-                    let mut lines = vec![format!("outbox doctor: the outbox in schema {schema} (version {version}) has {} problems:", drift.len())];
+                    let mut lines =
+                        vec![format!("outbox doctor: the outbox in schema {schema} (version {version}) has {} problems:", drift.len())];
                     lines.extend(drift.iter().map(|d| format!("  {d}")));
-                    report(&lines.join("\n"));
+                    output::answer(&lines.join("\n"));
                     ExitCode::from(2)
                 }
                 Err(e) => {
-                    eprintln!("outbox doctor: error: {e}");
+                    output::say(&format!("outbox doctor: error: {e}"));
                     ExitCode::FAILURE
                 }
             }
@@ -125,27 +127,17 @@ fn main() -> ExitCode {
         Command::Console(options) => match console::run(&options) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("outbox console: error: {e}");
+                output::say(&format!("outbox console: error: {e}"));
                 ExitCode::FAILURE
             }
         },
         Command::Relay(options) => match relay::run(&options) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("outbox relay: error: {e}");
+                output::say(&format!("outbox relay: error: {e}"));
                 ExitCode::FAILURE
             }
         },
-    }
-}
-
-/// A command's answer on standard output. A reader that stopped reading (`outbox version |
-/// head -1`) ends the answer early, and the exit status stays the command's own.
-fn report(text: &str) {
-    if let Err(e) = writeln!(std::io::stdout().lock(), "{text}") {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            eprintln!("outbox: cannot write to standard output: {e}");
-        }
     }
 }
 

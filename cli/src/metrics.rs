@@ -9,6 +9,8 @@ use std::time::Duration;
 use outbox_core::delivery::{Attempt, Outcome, OutcomeClass};
 use outbox_core::relay::{Level, Report};
 
+use crate::output;
+
 /// Upper bounds of the duration histograms' buckets, in seconds.
 const BUCKETS: [f64; 13] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
@@ -133,16 +135,12 @@ impl Report for ProcessReport {
     }
 }
 
-/// A line on standard error, where systemd's journal and container logs collect it. A closed
-/// standard error must not stop the relay (eprintln! would panic), and there is nowhere left
-/// to report that it failed.
+/// A line on standard error, where systemd's journal and container logs collect it.
 pub fn say(level: Level, text: &str) {
-    let prefix = match level {
-        Level::Log => "outbox relay: ",
-        Level::Warning => "outbox relay: warning: ",
-    };
-    let line = format!("{prefix}{text}\n");
-    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+    match level {
+        Level::Log => output::say(&format!("outbox relay: {text}")),
+        Level::Warning => output::say(&format!("outbox relay: warning: {text}")),
+    }
 }
 
 #[cfg(test)]

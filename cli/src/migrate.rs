@@ -16,6 +16,7 @@ use postgres::Client;
 
 use crate::connection::{connect, find_extension, quote_ident, VERSION};
 use crate::options::DatabaseOptions;
+use crate::output;
 use crate::script::{self, RELEASED, UPDATES};
 use crate::writers::{writers, Owner, Writer};
 
@@ -83,9 +84,11 @@ pub fn run(options: &DatabaseOptions, target: Option<&str>, dry_run: bool) -> Re
         let current = applied_version(&mut client, &schema)?;
         let Some(step) = next_step(current.as_deref(), &target, &schema)? else {
             match current {
-                Some(version) if stepped => eprintln!("outbox migrate: the outbox in schema {schema} is at version {version}"),
-                Some(version) => eprintln!("outbox migrate: the outbox in schema {schema} is at version {version}: nothing to do"),
-                None => eprintln!("outbox migrate: nothing to do"),
+                Some(version) if stepped => output::say(&format!("outbox migrate: the outbox in schema {schema} is at version {version}")),
+                Some(version) => {
+                    output::say(&format!("outbox migrate: the outbox in schema {schema} is at version {version}: nothing to do"))
+                }
+                None => output::say("outbox migrate: nothing to do"),
             }
             return Ok(());
         };
@@ -103,11 +106,11 @@ pub fn run(options: &DatabaseOptions, target: Option<&str>, dry_run: bool) -> Re
         }
         let started = Instant::now();
         match &step.from {
-            None => eprintln!("outbox migrate: installing version {} into schema {schema}", step.to),
-            Some(from) => eprintln!("outbox migrate: upgrading schema {schema} from {from} to {}", step.to),
+            None => output::say(&format!("outbox migrate: installing version {} into schema {schema}", step.to)),
+            Some(from) => output::say(&format!("outbox migrate: upgrading schema {schema} from {from} to {}", step.to)),
         }
         if apply(&mut client, &step, &schema, &options.schema)? {
-            eprintln!("outbox migrate: version {} done in {:.1} s", step.to, started.elapsed().as_secs_f64());
+            output::say(&format!("outbox migrate: version {} done in {:.1} s", step.to, started.elapsed().as_secs_f64()));
             stepped = true;
         }
     }

@@ -70,7 +70,9 @@ fn extension_only(statement: &str) -> bool {
 /// privileges.
 fn library_function_privilege(code: &str) -> bool {
     (code.starts_with("REVOKE") || code.starts_with("GRANT"))
-        && ["outbox_enqueue(", "outbox_workers(", "outbox_worker_attempts(", "outbox_enqueued(", "outbox_load_settings("].iter().any(|name| code.contains(name))
+        && ["outbox_enqueue(", "outbox_workers(", "outbox_worker_attempts(", "outbox_enqueued(", "outbox_load_settings("]
+            .iter()
+            .any(|name| code.contains(name))
 }
 
 /// The text of `sql` without its `--` lines and `/* */` comments.

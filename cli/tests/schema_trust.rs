@@ -241,4 +241,24 @@ fn doctor_names_writes_on_the_outboxs_tables_and_migrate_refuses_default_privile
     assert_eq!(installed(&mut db), (0, 0), "nothing installed");
     db.batch_execute("ALTER DEFAULT PRIVILEGES FOR ROLE outbox_owner REVOKE INSERT ON TABLES FROM app").unwrap();
     migrate("outbox_t_default_acl", &[]);
+
+    // On the extension: the log's hourly partitions are no members of it, and a row inserted
+    // into one is an event; a foreign key onto the outbox holds back its retention.
+    let mut db = fresh_database("outbox_t_writes_ext");
+    db.batch_execute(
+        "CREATE EXTENSION outbox_ext; SELECT outbox_log_maintain();
+         GRANT INSERT ON ALL TABLES IN SCHEMA public TO app;
+         GRANT REFERENCES (id) ON public.outbox TO app",
+    )
+    .unwrap();
+    let partition: String =
+        db.query_one("SELECT c.relname::text FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid LIMIT 1", &[]).unwrap().get(0);
+    let said = doctor_complains("postgres", "outbox_t_writes_ext");
+    for drift in [
+        format!("app holds INSERT on TABLE public.{partition}: REVOKE INSERT ON TABLE public.{partition} FROM app"),
+        "app holds INSERT on TABLE public.outbox_log_state".to_string(),
+        "app holds REFERENCES (id) on TABLE public.outbox: REVOKE REFERENCES (id) ON TABLE public.outbox FROM app".to_string(),
+    ] {
+        assert!(said.contains(&drift), "doctor names it ({drift}):\n{said}");
+    }
 }

@@ -11,7 +11,8 @@ use support::Server::{Library, Managed};
 use support::*;
 
 const DESCRIBE: &str = include_str!("../../sql/describe.sql");
-const LIBRARY_FUNCTIONS: [&str; 4] = ["outbox_enqueue", "outbox_workers", "outbox_worker_attempts", "outbox_enqueued"];
+const LIBRARY_FUNCTIONS: [&str; 5] =
+    ["outbox_enqueue", "outbox_load_settings", "outbox_workers", "outbox_worker_attempts", "outbox_enqueued"];
 
 fn describe(client: &mut postgres::Client, schema: &str, members_only: bool) -> Vec<String> {
     let by_signature: Vec<String> = LIBRARY_FUNCTIONS.map(String::from).to_vec();

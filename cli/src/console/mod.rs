@@ -18,6 +18,7 @@ use std::sync::Arc;
 use crate::connection::{self, Compatibility};
 use crate::listener::Listener;
 use crate::options::ConsoleOptions;
+use crate::output;
 
 /// How many requests are served at once, each with its own database connection.
 const SERVING_THREADS: usize = 4;
@@ -90,7 +91,7 @@ pub fn run(options: &ConsoleOptions) -> Result<(), ConsoleError> {
                 .map_err(|e| ConsoleError::Serve(options.listen.clone(), e.to_string()))
         })
         .collect::<Result<_, _>>()?;
-    eprintln!(
+    output::say(&format!(
         "outbox console: serving http://{}{}/ for {} (schema {}, version {}){}",
         listener.address(),
         site.prefix,
@@ -98,7 +99,7 @@ pub fn run(options: &ConsoleOptions) -> Result<(), ConsoleError> {
         outbox.schema,
         outbox.version,
         if site.read_only { ", read-only" } else { "" }
-    );
+    ));
 
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])
         .map_err(|e| ConsoleError::Serve(options.listen.clone(), e.to_string()))?;
@@ -107,7 +108,7 @@ pub fn run(options: &ConsoleOptions) -> Result<(), ConsoleError> {
     for thread in threads {
         let _ = thread.join();
     }
-    eprintln!("outbox console: stopped");
+    output::say("outbox console: stopped");
     Ok(())
 }
 

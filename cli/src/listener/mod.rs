@@ -149,22 +149,23 @@ impl Shared {
     }
 }
 
-/// A connection's place among those reading their requests, left when dropped.
-struct Reading<'a> {
-    shared: &'a Shared,
+/// A connection's place among those reading their requests, in the order they were accepted;
+/// left when dropped.
+struct Reading {
+    shared: Arc<Shared>,
     number: u64,
 }
 
-impl<'a> Reading<'a> {
+impl Reading {
     /// Records `stream` as reading; `None` if it cannot be cloned (then nothing could close it).
-    fn enter(shared: &'a Shared, stream: &TcpStream) -> Option<Reading<'a>> {
+    fn enter(shared: &Arc<Shared>, stream: &TcpStream) -> Option<Reading> {
         let number = shared.numbered.fetch_add(1, Ordering::Relaxed);
         shared.reading.lock().unwrap_or_else(PoisonError::into_inner).insert(number, stream.try_clone().ok()?);
-        Some(Reading { shared, number })
+        Some(Reading { shared: Arc::clone(shared), number })
     }
 }
 
-impl Drop for Reading<'_> {
+impl Drop for Reading {
     fn drop(&mut self) {
         self.shared.reading.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.number);
     }
@@ -200,22 +201,23 @@ fn accept(socket: &TcpListener, shared: &Arc<Shared>) {
                 continue;
             }
         };
-        // With no place left the connection is dropped, which closes it.
+        // With no place left the connection is dropped, which closes it. Recorded as reading
+        // before its thread starts, so that the oldest is the first accepted.
         let Some(place) = Place::take(shared) else { continue };
+        let Some(reading) = Reading::enter(shared, &stream) else { continue };
         // A thread that cannot start drops its closure, and with it the connection and its place.
-        let _ = std::thread::Builder::new().stack_size(CONNECTION_STACK).spawn(move || converse(stream, &place.0));
+        let _ = std::thread::Builder::new().stack_size(CONNECTION_STACK).spawn(move || converse(stream, &place.0, reading));
     }
 }
 
 /// Reads the connection's request, checks it, has a serving thread answer it, and closes the
-/// connection.
-fn converse(stream: TcpStream, shared: &Shared) {
-    let Some(reading) = Reading::enter(shared, &stream) else { return };
+/// connection. Until its request is whole and passed, `reading` lets a newer connection close
+/// it to take its place; a refused one stays closable while its refusal is written.
+fn converse(stream: TcpStream, shared: &Shared, reading: Reading) {
     let Ok(mut connection) = Connection::new(stream, READ_TIME) else { return };
-    let taken = take_request(&mut connection, shared);
-    drop(reading);
-    match taken {
+    match take_request(&mut connection, shared) {
         Ok(request) => {
+            drop(reading);
             let (reply, replied) = mpsc::sync_channel(1);
             if shared.hand_on(Exchange { request, reply }) {
                 if let Ok(response) = replied.recv() {
