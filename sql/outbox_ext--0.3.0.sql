@@ -240,25 +240,6 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_key_sequencers', 
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:46
--- requires:
---   deliveries
-
--- Moved on by every change to an endpoint or its secrets, in the change's own transaction
--- (outbox_endpoints_changed): a worker reads the endpoints again before its next claim when
--- this differs from what it read them at. A row, not a sequence: a sequence moves before the
--- change commits, so a worker could read the new number with the old endpoints, and then
--- sign with a secret already rotated away. One row at most; none (after a restore, which
--- leaves it out) reads as 0.
-CREATE TABLE @extschema@.outbox_endpoints_version (
-    one     boolean PRIMARY KEY DEFAULT true CHECK (one),
-    version bigint  NOT NULL
-);
-
-COMMENT ON TABLE @extschema@.outbox_endpoints_version IS 'Moved on by every change to an endpoint, as it commits: the relay reads the endpoints again when it differs.';
-/* </end connected objects> */
-
-/* <begin connected objects> */
 -- src/lib.rs:44
 -- requires:
 --   deliveries
@@ -500,9 +481,27 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_skip(text, bigint) FROM PUBLIC;
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/lib.rs:47
+-- src/lib.rs:46
 -- requires:
 --   ordering
+
+-- Moved on by every change to an endpoint or its secrets, in the change's own transaction
+-- (outbox_endpoints_changed): a worker reads the endpoints again before its next claim when
+-- this differs from what it read them at. A row, not a sequence: a sequence moves before the
+-- change commits, so a worker could read the new number with the old endpoints, and then
+-- sign with a secret already rotated away. One row at most; none (after a restore, which
+-- leaves it out) reads as 0.
+CREATE TABLE @extschema@.outbox_endpoints_version (
+    one     boolean PRIMARY KEY DEFAULT true CHECK (one),
+    version bigint  NOT NULL
+);
+
+COMMENT ON TABLE @extschema@.outbox_endpoints_version IS 'Moved on by every change to an endpoint, as it commits: the relay reads the endpoints again when it differs.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/lib.rs:47
+-- requires:
 --   endpoints_version
 
 -- Managing endpoints. Like the rest of the API, each function runs as the extension's owner

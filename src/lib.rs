@@ -38,13 +38,15 @@ mod e2e;
 
 // The schema, in the order a fresh install runs it; sql/updates/ reuses the later files, and
 // `outbox migrate` runs the same files (cli/src/script.rs), with sql/sql_install.sql in place of
-// sql/library.sql.
+// sql/library.sql. Each file requires the one before it: pgrx orders files that tie in its
+// graph differently from one build to the next, and a released install script must come out
+// of every build the same (scripts/package.sh).
 extension_sql_file!("../sql/schema.sql", bootstrap);
 extension_sql_file!("../sql/deliveries.sql", name = "deliveries");
 extension_sql_file!("../sql/attempts.sql", name = "attempts", requires = ["deliveries"]);
 extension_sql_file!("../sql/ordering.sql", name = "ordering", requires = ["attempts"]);
-extension_sql_file!("../sql/endpoints_version.sql", name = "endpoints_version", requires = ["deliveries"]);
-extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["ordering", "endpoints_version"]);
+extension_sql_file!("../sql/endpoints_version.sql", name = "endpoints_version", requires = ["ordering"]);
+extension_sql_file!("../sql/endpoints.sql", name = "endpoints", requires = ["endpoints_version"]);
 extension_sql_file!("../sql/library_settings.sql", name = "library_settings", requires = ["endpoints"]);
 extension_sql_file!("../sql/limits.sql", name = "limits", requires = ["library_settings"]);
 extension_sql_file!("../sql/claim.sql", name = "claim", requires = ["limits"]);
