@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Log mode's delivery beside table mode's, in one run, written to bench/RESULTS-log-delivery.md
-# (see bench/README.md): the drain of DRAIN_EVENTS events to one endpoint and to three, and
+# (on PostgreSQL 15; on the major OUTBOX_PG_MAJOR names, bench/RESULTS-log-delivery-pg<major>.md;
+# see bench/README.md): the drain of DRAIN_EVENTS events to one endpoint and to three, and
 # commit-to-receipt latency at 5,000 events/s, for each relay: the 2 background workers, which
 # read the slot (outbox_log_read), and `outbox relay`, which streams it over a replication
 # connection. A cluster on 127.0.0.1 with wal_level = logical per relay; nginx answers 204 and
@@ -16,6 +17,8 @@ LATENCY_RATE=${BENCH_LATENCY_RATE:-5000}
 
 scripts/setup.sh nginx-light wrk
 . scripts/cluster.sh
+RESULTS=bench/RESULTS-log-delivery.md
+[ "$PG_MAJOR" = 15 ] || RESULTS=bench/RESULTS-log-delivery-pg$PG_MAJOR.md
 install_extension
 cargo build --release -q -p outbox
 OUTBOX=$PWD/target/release/outbox
@@ -204,7 +207,7 @@ echo "receiver: $receiver_rps requests/s"
 
 latency_cell() { echo "${latencies[$1]}" | awk '{ printf "%s / %s", $2, $3 }'; }
 pg_version=$(q "SHOW server_version" | cut -d' ' -f1)
-cat > bench/RESULTS-log-delivery.md <<EOF
+cat > "$RESULTS" <<EOF
 # Log mode: delivery beside table mode
 
 \`bench/log-mode.sh\`, $(date -u +%Y-%m-%d), on $(nproc) cores, PostgreSQL $pg_version with
@@ -244,5 +247,5 @@ $(echo "${latencies[workers_log]}" | cut -d' ' -f1); \`outbox relay\` table $(ec
 $(echo "${latencies[process_log]}" | cut -d' ' -f1); max (ms): $(echo "${latencies[workers_table]}" | cut -d' ' -f4),
 $(echo "${latencies[workers_log]}" | cut -d' ' -f4), $(echo "${latencies[process_table]}" | cut -d' ' -f4), $(echo "${latencies[process_log]}" | cut -d' ' -f4).
 EOF
-echo "== written bench/RESULTS-log-delivery.md"
-python3 scripts/readme-figures.py # the README quotes its drains and latencies
+echo "== written $RESULTS"
+[ "$PG_MAJOR" != 15 ] || python3 scripts/readme-figures.py # the README quotes its drains and latencies

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The managed-PostgreSQL benchmark: the SQL install and `outbox relay` against the extension and
-# its workers, in one run, written to bench/RESULTS-relay.md. See bench/README.md.
+# its workers, in one run, written to bench/RESULTS-relay.md (on PostgreSQL 15; on the major
+# OUTBOX_PG_MAJOR names, bench/RESULTS-relay-pg<major>.md). See bench/README.md.
 # Everything runs on 127.0.0.1: one cluster with outbox_ext preloaded (2 workers), serving the
 # extension in database `postgres`; database `sqli` holds the SQL install (`outbox migrate` as
 # a role with only CREATE), served by two `outbox relay` processes, directly or through
@@ -18,6 +19,8 @@ POLL_MS=100
 
 scripts/setup.sh nginx-light wrk
 . scripts/cluster.sh
+RESULTS=bench/RESULTS-relay.md
+[ "$PG_MAJOR" = 15 ] || RESULTS=bench/RESULTS-relay-pg$PG_MAJOR.md
 install_extension
 cargo build --release -q -p outbox
 OUTBOX=$PWD/target/release/outbox
@@ -162,7 +165,7 @@ relay_latency --poll-interval "${POLL_MS}ms"
 poll_p50=$p50 poll_p99=$p99
 
 pg_version=$(q "SHOW server_version" | cut -d' ' -f1)
-cat > bench/RESULTS-relay.md <<EOF
+cat > "$RESULTS" <<EOF
 # Managed PostgreSQL: the SQL install and \`outbox relay\`
 
 Written by \`bench/relay.sh\` on $(date -u +%Y-%m-%d) ($(nproc) cores, PostgreSQL $pg_version, commit
@@ -183,6 +186,6 @@ $(git rev-parse --short HEAD)). One cluster, 127.0.0.1 only; nginx answers 204.
 Runs: enqueue C on/off, SQL on/off per round as printed by the script; drains per round: workers
 $workers_runs, relays $direct_runs, through PgBouncer $bouncer_runs events/s.
 EOF
-echo "== written to bench/RESULTS-relay.md"
-python3 scripts/readme-figures.py # the README quotes its figures of the SQL install
-cat bench/RESULTS-relay.md
+echo "== written to $RESULTS"
+[ "$PG_MAJOR" != 15 ] || python3 scripts/readme-figures.py # the README quotes its figures of the SQL install
+cat "$RESULTS"

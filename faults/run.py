@@ -27,7 +27,7 @@ import time
 import psycopg
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-PG_BIN = "/usr/lib/postgresql/15/bin"
+PG_BIN = os.environ.get("FAULT_PG_BIN", "/usr/lib/postgresql/15/bin")
 DATA = os.environ["FAULT_PGDATA"]
 PORT = os.environ["FAULT_PGPORT"]
 RECEIVER_PORT = int(os.environ.get("FAULT_RECEIVER_PORT", "8797"))
@@ -660,31 +660,57 @@ SCENARIOS = [kill_a_worker, immediate_stop, fast_shutdown, receiver_outage, hang
 # ---------------------------------------------------------------- log mode only
 
 def failover_to_a_standby(receiver):
-    """The primary dies with requests in flight, and a streaming standby is promoted. PostgreSQL
-    15 copies no slot to a standby: the promoted server's workers find the log's slot missing,
-    make it again and recover every event the old one had not confirmed. The standby is the
-    cluster from here on (its server log too), so this runs last."""
+    """The primary dies with requests in flight, and a streaming standby is promoted. From
+    PostgreSQL 17 on, the log's slot is a failover slot and the standby synchronises it
+    (docs/log-mode.md, "Failovers"): the promoted server's relay reads on from that copy, made
+    by no one after the promotion. Before 17 no slot reaches a standby: the promoted server's
+    relay finds the log's slot missing, makes it again and recovers every event the old one had
+    not confirmed. The standby is the cluster from here on (its server log too), so this runs
+    last."""
     global DATA, PORT
     standby = os.path.normpath(f"{DATA}/../../pg-standby")
     standby_port = str(int(PORT) + 1)
+    synchronised = int(sql("SHOW server_version_num")) >= 170000
     os.makedirs(standby, exist_ok=True)
     os.chown(standby, *pg_owner())
-    subprocess.run(["sudo", "-u", "postgres", f"{PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres",
-                    "-D", f"{standby}/data", "-R", "-X", "stream"], check=True, capture_output=True)
-    subprocess.run(["sudo", "-u", "postgres", f"{PG_BIN}/pg_ctl", "-D", f"{standby}/data", "-o", f"-p {standby_port}",
+    backup, options = [], f"-p {standby_port}"
+    if synchronised:
+        sql("SELECT pg_create_physical_replication_slot('standby1')")
+        # -R with a dbname writes it into primary_conninfo, which synchronising slots needs.
+        backup = ["-S", "standby1"]
+        options += " -c sync_replication_slots=on -c hot_standby_feedback=on"
+    subprocess.run(["sudo", "-u", "postgres", f"{PG_BIN}/pg_basebackup", "-d",
+                    f"host=127.0.0.1 port={PORT} user=postgres dbname=postgres",
+                    "-D", f"{standby}/data", "-R", "-X", "stream", *backup], check=True, capture_output=True)
+    if synchronised:
+        # After the backup: a promoted standby that kept it would wait for a standby it has not.
+        sql("ALTER SYSTEM SET synchronized_standby_slots = 'standby1'")
+        sql("SELECT pg_reload_conf()")
+    subprocess.run(["sudo", "-u", "postgres", f"{PG_BIN}/pg_ctl", "-D", f"{standby}/data", "-o", options,
                     "-l", f"{standby}/server.log", "-w", "start"], check=True, capture_output=True)
     on_standby = lambda query: subprocess.run(["psql", "-h", "127.0.0.1", "-p", standby_port, "-U", "postgres", "-X", "-tAq",
                                                "-c", query], check=True, capture_output=True, text=True).stdout.strip()
+    log_slot = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = (SELECT slot FROM outbox_log_state)"
     receiver.reset(delay=0.2)
     rolled_back = enqueue_mixed(EVENTS)
     wait_for_requests_in_flight(receiver, EVENTS // 5, "the primary goes away")
     # Every commit reached the standby: what asynchronous replication may lose is not at stake here.
     written = sql("SELECT pg_current_wal_insert_lsn()")
     wait_until("the standby replayed every commit", lambda: on_standby(f"SELECT pg_last_wal_replay_lsn() >= '{written}'") == "t")
-    assert on_standby("SELECT count(*) FROM pg_replication_slots") == "0", "the standby has no slot"
+    if synchronised:
+        # A synchronised slot is temporary until it has caught up with the primary's; only a
+        # persistent one outlives the promotion.
+        wait_until("the standby synchronised the log's slot",
+                   lambda: on_standby(f"{log_slot} AND synced AND NOT temporary") == "1")
+    else:
+        assert on_standby("SELECT count(*) FROM pg_replication_slots") == "0", "the standby has no slot"
     pg_ctl("-m", "immediate", "stop")
     DATA, PORT = f"{standby}/data", standby_port
     pg_ctl("-w", "promote")
+    if synchronised:
+        # Read from the synchronised slot: one made again after the promotion is not synced.
+        expect = "count(*) = 1 FROM pg_replication_slots AS r JOIN outbox_log_state AS s ON r.slot_name = s.slot WHERE r.synced"
+        return rolled_back, "primary stopped (immediate), a standby with the log's slot synchronised promoted", expect
     return rolled_back, "primary stopped (immediate), a standby with no slot promoted", None
 
 
@@ -833,13 +859,15 @@ def secrets_stay_out_of_the_log():
               if what in log]
     if leaked:
         raise AssertionError(f"the server log shows {leaked}")
+    # PostgreSQL 17 capitalised the detail that lists bound parameters.
+    listed = "Parameters" if int(sql("SHOW server_version_num")) >= 170000 else "parameters"
     shown = [
         f"statement: SELECT outbox_endpoint_rotate_secret('default', 'whsec_***', '0 seconds') AS given_{tag}",
         f"STATEMENT:  SELECT outbox_endpoint_rotate_secret('missing', 'whsec_***') AS failing_{tag}",
         f"STATEMENT:  SELECT outbox_endpoint_set('x_{tag}', 'https://***@127.0.0.1/', '{{}}')",
         "execute <unnamed>: SELECT outbox_endpoint_set('bound', $1)",
-        "parameters: $1 = 'https://***@127.0.0.1/'",
-        "parameters: $1 = 'whsec_***'",
+        f"{listed}: $1 = 'https://***@127.0.0.1/'",
+        f"{listed}: $1 = 'whsec_***'",
         f"statement: SELECT outbox_endpoint_set('x_{tag}', 'https://***@127.0.0.1/', '{{}}') AS in_savepoint",
         f"statement: SELECT 'after the savepoint {tag}'",
         f"statement: DROP TABLE audited_{tag}; /* whsec_ */",

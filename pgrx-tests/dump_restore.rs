@@ -5,8 +5,6 @@ use std::process::Command;
 
 use super::cluster::db;
 
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
-
 #[test]
 fn a_dump_restored_into_a_fresh_database_keeps_rows_and_never_reuses_an_id() {
     let mut db = db();
@@ -27,14 +25,16 @@ fn a_dump_restored_into_a_fresh_database_keeps_rows_and_never_reuses_an_id() {
     db.execute("GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, timestamptz) TO restored_producer");
 
     let (host, port) = db.server_address();
+    // The server's own tools: a pg_dump older than the server refuses it.
+    let bin: String = db.value("SELECT setting FROM pg_config WHERE name = 'BINDIR'");
     let dump = std::env::temp_dir().join(format!("outbox_ext-dump-{}.custom", std::process::id()));
     let connection = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
     db.execute("DROP DATABASE IF EXISTS outbox_restored");
     // A copy must not deliver what the original delivers (docs/installation.md, "Copies, dumps and restores").
     db.execute("CREATE DATABASE outbox_restored");
     db.execute("ALTER DATABASE outbox_restored SET outbox.relay = off");
-    run(Command::new(format!("{PG_BIN}/pg_dump")).args(connection).args(["-Fc", "-d", "pgrx_tests", "-f"]).arg(&dump));
-    run(Command::new(format!("{PG_BIN}/pg_restore")).args(connection).args(["--exit-on-error", "-d", "outbox_restored"]).arg(&dump));
+    run(Command::new(format!("{bin}/pg_dump")).args(connection).args(["-Fc", "-d", "pgrx_tests", "-f"]).arg(&dump));
+    run(Command::new(format!("{bin}/pg_restore")).args(connection).args(["--exit-on-error", "-d", "outbox_restored"]).arg(&dump));
     let _ = std::fs::remove_file(&dump);
 
     let mut restored = db.connect("outbox_restored", "postgres");

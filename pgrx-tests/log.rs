@@ -330,6 +330,17 @@ fn a_first_slot_made_by_a_transaction_that_did_not_commit_is_taken_and_one_made_
     assert_eq!(refused.code(), Some(&postgres::error::SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE), "{refused}");
     db.execute("SELECT pg_drop_replication_slot(slot) FROM outbox_log_state");
 
+    // From 17 on the outbox makes failover slots: one made after the lease found none, but not
+    // as a failover slot, is not one it made either.
+    let fails_over = db.value::<i32>("SELECT current_setting('server_version_num')::integer") >= 170_000;
+    assert_eq!(state(&mut db), "missing");
+    if fails_over {
+        db.execute("SELECT pg_create_logical_replication_slot(slot, 'pgoutput') FROM outbox_log_state");
+        let refused = db.client.batch_execute(&format!("SELECT outbox_log_make_slot({fence})")).expect_err("not a failover slot");
+        assert_eq!(refused.code(), Some(&postgres::error::SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE), "{refused}");
+        db.execute("SELECT pg_drop_replication_slot(slot) FROM outbox_log_state");
+    }
+
     // Once the lease found none, the relay's making is cut off before its commit: the slot
     // stays, and is not marked the outbox's.
     assert_eq!(state(&mut db), "missing");
@@ -340,6 +351,11 @@ fn a_first_slot_made_by_a_transaction_that_did_not_commit_is_taken_and_one_made_
     let between = db.enqueue("first.between", "{}");
     assert!(db.value::<bool>(&format!("SELECT outbox_log_make_slot({fence})")), "taken as the one it made");
     assert_eq!(state(&mut db), "recovering");
+    // pg_replication_slots has a failover column from 17 on.
+    let failover: Option<bool> = db.value(
+        "SELECT (to_jsonb(r) ->> 'failover')::boolean FROM pg_replication_slots AS r JOIN outbox_log_state AS s ON r.slot_name = s.slot",
+    );
+    assert_eq!(failover.unwrap_or(false), fails_over, "a failover slot from 17 on, and only there");
     assert_eq!(db.value::<i64>(&format!("SELECT outbox_log_recover({fence})")), 2, "the events before it, to the endpoint default");
     assert_eq!(db.count_events(&format!("id IN ({before}, {between})")), 2);
     let after = db.enqueue("first.after", "{}");

@@ -1,17 +1,30 @@
-# Sourced by the demo and the benchmark: a throwaway PostgreSQL 15 cluster with outbox_ext
-# preloaded, owned by the postgres OS user (PostgreSQL refuses to run as root).
+# Sourced by the demo and the benchmark: a throwaway PostgreSQL cluster with outbox_ext
+# preloaded, owned by the postgres OS user (PostgreSQL refuses to run as root). OUTBOX_PG_MAJOR
+# picks the major (15, Debian's, unless set; scripts/servers.sh has the others).
 #
 #   start_cluster DIR PORT [extra postgresql.conf lines...]   then   stop_cluster
 #   psql_cluster ARGS...                                       runs psql against it
 
-PG_BIN=/usr/lib/postgresql/15/bin
+. "$(dirname "${BASH_SOURCE[0]}")/servers.sh"
+PG_MAJOR=${OUTBOX_PG_MAJOR:-15}
+PG_BIN=$(server_dir "$PG_MAJOR")/bin
+# Debian's client tools (15) speak to every newer server; a server that has its own uses them.
+PSQL=$PG_BIN/psql
+[ -x "$PSQL" ] || PSQL=/usr/lib/postgresql/15/bin/psql
+
+# The server of this major that offers TLS: this one, or (18) a build of it with OpenSSL.
+TLS_PG_BIN=$(server_dir "$(with_openssl "$PG_MAJOR")")/bin
+
+# Whether the extension builds for this major: only where the server's headers can be had.
+extension_builds() { [ -x "$PG_BIN/pg_config" ]; }
 
 as_postgres() {
   if [ "$(id -un)" = postgres ]; then "$@"; else sudo -u postgres "$@"; fi
 }
 
 install_extension() {
-  echo "== building and installing outbox_ext (release)"
+  extension_builds || { echo "cluster: the extension does not build for PostgreSQL $PG_MAJOR (no headers)" >&2; return 1; }
+  echo "== building and installing outbox_ext for PostgreSQL $PG_MAJOR (release)"
   local sudo_flag=()
   [ "$(id -u)" = 0 ] || sudo_flag=(--sudo)
   assemble_update_scripts
@@ -55,7 +68,8 @@ start_cluster() {
   chown postgres "$CLUSTER_DIR" 2>/dev/null || true
   as_postgres "$PG_BIN/initdb" -D "$CLUSTER_DIR/data" -U postgres --auth=trust >/dev/null
   {
-    echo "shared_preload_libraries = 'outbox_ext'"
+    # Where the extension does not build, only the SQL install can be tested.
+    if extension_builds; then echo "shared_preload_libraries = 'outbox_ext'"; fi
     echo "listen_addresses = '127.0.0.1'"
     echo "unix_socket_directories = '$CLUSTER_DIR'"
     printf '%s\n' "$@"
@@ -89,7 +103,7 @@ stop_cluster() {
 psql_cluster() {
   # The server's own psql, not Debian's wrapper (a Perl script, and a noticeable load when a
   # benchmark polls 20 times a second).
-  "$PG_BIN/psql" -h 127.0.0.1 -p "$CLUSTER_PORT" -U postgres -X -v ON_ERROR_STOP=1 "$@"
+  "$PSQL" -h 127.0.0.1 -p "$CLUSTER_PORT" -U postgres -X -v ON_ERROR_STOP=1 "$@"
 }
 
 # start_pgbouncer DIR PORT USER...: Debian's PgBouncer in transaction pooling mode on

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Builds the Debian packages:
+# Builds the packages:
 # - dist/postgresql-15-outbox-ext_<version>_<arch>.deb from `cargo pgrx package`: the library,
 #   the control file, the current install script, the update scripts and the frozen install
 #   scripts of released versions (so that an installed older version can be updated). Depends
 #   on postgresql-15.
+# - dist/outbox_ext-<version>-pg18-<arch>.tar.gz: the same files for PostgreSQL 18, which
+#   Debian 12 does not package: outbox_ext.so for `pg_config --pkglibdir`, and extension/ for
+#   `pg_config --sharedir`/extension (docs/installation.md).
 # - dist/outbox_<version>_<arch>.deb: the outbox binary (migrate, doctor, relay) for servers
 #   that load no library, with the hardened systemd unit outbox-relay.service, its
 #   configuration /etc/outbox/relay.conf and the system user outbox it runs as.
@@ -17,23 +20,49 @@ assemble_update_scripts
 
 VERSION=$(awk -F'"' '/^version *=/ { print $2; exit }' Cargo.toml)
 ARCH=$(dpkg --print-architecture)
-NAME=postgresql-15-outbox-ext
-echo "== building $NAME $VERSION (cargo pgrx package, release)"
-cargo pgrx package --pg-config "$PG_BIN/pg_config" >/dev/null
-BUILT=target/release/outbox_ext-pg15
-EXTENSION_DIR=$("$PG_BIN/pg_config" --sharedir)/extension
 
-# A released version's install script is frozen in sql/: the build must still give it (apart
-# from pgrx's comments naming Rust source lines), or the change belongs to a new version.
-if [ -f "sql/outbox_ext--$VERSION.sql" ]; then
-  if ! diff -q <(grep -v '^-- src/' "$BUILT$EXTENSION_DIR/outbox_ext--$VERSION.sql") \
-               <(grep -v '^-- src/' "sql/outbox_ext--$VERSION.sql") >/dev/null; then
-    echo "package: $VERSION is released, and this build's install script differs from sql/outbox_ext--$VERSION.sql;" >&2
-    echo "package: raise the version in Cargo.toml and outbox_ext.control, and add an update script from $VERSION" >&2
-    exit 1
+# build_extension MAJOR: `cargo pgrx package` for that major's server; BUILT and EXTENSION_DIR
+# say where its files are.
+build_extension() {
+  local pg_config
+  pg_config=$(server_dir "$1")/bin/pg_config
+  echo "== building outbox_ext $VERSION for PostgreSQL $1 (cargo pgrx package, release)"
+  cargo pgrx package --pg-config "$pg_config" >/dev/null
+  BUILT=target/release/outbox_ext-pg$1
+  PKGLIB_DIR=$("$pg_config" --pkglibdir)
+  EXTENSION_DIR=$("$pg_config" --sharedir)/extension
+  # A released version's install script is frozen in sql/: the build must still give it (apart
+  # from pgrx's comments naming Rust source lines), or the change belongs to a new version.
+  if [ -f "sql/outbox_ext--$VERSION.sql" ]; then
+    if ! diff -q <(grep -v '^-- src/' "$BUILT$EXTENSION_DIR/outbox_ext--$VERSION.sql") \
+                 <(grep -v '^-- src/' "sql/outbox_ext--$VERSION.sql") >/dev/null; then
+      echo "package: $VERSION is released, and the install script built for PostgreSQL $1 differs from sql/outbox_ext--$VERSION.sql;" >&2
+      echo "package: raise the version in Cargo.toml and outbox_ext.control, and add an update script from $VERSION" >&2
+      exit 1
+    fi
   fi
-fi
+}
 
+build_extension 18
+TARBALL=outbox_ext-$VERSION-pg18-$ARCH
+ROOT=$(mktemp -d /tmp/outbox-package.XXXXXX)
+trap 'rm -rf "$ROOT"' EXIT
+install -d "$ROOT/$TARBALL/extension"
+install -m 755 "$BUILT$PKGLIB_DIR/outbox_ext.so" "$ROOT/$TARBALL/"
+install -m 644 "$BUILT$EXTENSION_DIR"/* "$ROOT/$TARBALL/extension/"
+for script in sql/outbox_ext--*.sql; do # released install scripts and the update scripts
+  install -m 644 "$script" "$ROOT/$TARBALL/extension/"
+done
+install -m 644 LICENSE CHANGELOG.md "$ROOT/$TARBALL/"
+mkdir -p dist
+rm -f dist/outbox_ext-*-pg18-*.tar.gz
+tar -czf "dist/$TARBALL.tar.gz" -C "$ROOT" "$TARBALL"
+echo "== dist/$TARBALL.tar.gz"
+tar -tzf "dist/$TARBALL.tar.gz" | awk '{ print "   " $0 }' | grep -v '/$'
+rm -rf "$ROOT"
+
+NAME=postgresql-15-outbox-ext
+build_extension 15
 ROOT=$(mktemp -d /tmp/outbox-package.XXXXXX)
 trap 'rm -rf "$ROOT"' EXIT
 cp -a "$BUILT/." "$ROOT/"

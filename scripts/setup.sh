@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PG_MAJOR=15
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
-APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config libssl-dev sudo
+APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config libssl-dev sudo unzip patchelf
               libpostgresql-jdbc-java openjdk-17-jdk-headless pgbouncer chromium
               libspring-jdbc-java libspring-transaction-java "$@")
 
@@ -29,10 +29,21 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
   cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
+# The other supported majors, pinned by exact version (scripts/servers.sh); a server that
+# cannot be fetched stops the setup here, with the reason.
+. scripts/servers.sh
+for major in "${SERVER_MAJORS[@]}" 18-tls; do
+  install_server "$major"
+done
+
+# pgrx builds and tests the extension for each major whose server has its headers: 15
+# (Debian's) and 18.
+PG18_CONFIG=$(server_dir 18)/bin/pg_config
 PGRX_HOME=${PGRX_HOME:-$HOME/.pgrx}
-if ! grep -qs "pg$PG_MAJOR" "$PGRX_HOME/config.toml"; then
-  echo "setup: pointing pgrx at the system PostgreSQL $PG_MAJOR"
-  cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG"
+if ! grep -qs "^pg$PG_MAJOR = \"$PG_CONFIG\"" "$PGRX_HOME/config.toml" ||
+   ! grep -qs "^pg18 = \"$PG18_CONFIG\"" "$PGRX_HOME/config.toml"; then
+  echo "setup: pointing pgrx at PostgreSQL $PG_MAJOR (the system's) and 18"
+  cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG" --pg18 "$PG18_CONFIG"
 fi
 
 # The official Standard Webhooks library for Python: the tests verify signatures with it.

@@ -5,10 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Released scripts are frozen: sql/released.sha256 holds the digest of each install and update
-# script of a released version (a release adds their lines), every install script in sql/
-# must be listed, and none may change. (scripts/package.sh checks that the version being built,
+# script of a released version (a release adds their lines; from 0.3.0 on also
+# sql/sql_install--X.Y.Z.sql, what that version's `outbox migrate` ran), every install script
+# in sql/ must be listed, and none may change. (scripts/package.sh checks that the version being built,
 # if released, still builds its frozen install script.)
-for script in sql/outbox_ext--*.sql; do
+for script in sql/outbox_ext--*.sql sql/sql_install--*.sql; do
   case "$script" in *--*--*) continue ;; esac
   grep -q " $script\$" sql/released.sha256 ||
     { echo "test: $script is not in sql/released.sha256: add its digest when releasing it" >&2; exit 1; }
@@ -16,6 +17,10 @@ done
 sha256sum --quiet -c sql/released.sha256 ||
   { echo "test: a released script was edited; ship the change in a new version's update script instead" >&2; exit 1; }
 
+# Each part says when it starts, minutes into the run: the whole stays under an hour on 2 cores.
+phase() { echo "== test: $* ($((SECONDS / 60)) min in)"; }
+
+phase "setup"
 scripts/setup.sh
 
 # The code's habits: formatted as rustfmt.toml says, and no clippy warning.
@@ -45,27 +50,34 @@ runas=()
 [ "$(id -un)" = postgres ] || runas=(--runas postgres)
 # One test at a time: the end-to-end tests share one cluster, and some of them move the
 # extension (DROP / CREATE EXTENSION) while no other test may use it.
+phase "the extension's tests on PostgreSQL 15"
 RUST_TEST_THREADS=1 cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGDATA_DIR" "$@"
 
 # The fault-injection suite: crashes, restarts, shutdowns and receiver failures under load, with
 # the relay workers and with `outbox relay` processes.
+phase "the fault suite on PostgreSQL 15"
 faults/run.sh
 
 # The outbox binary against a real cluster: migrate as a role with only CREATE, doctor, and the
 # relay on the SQL install.
+phase "the outbox binary on PostgreSQL 15"
 cli/test.sh
 
 # The pull-consumer clients in Python, Node and Java, through the same scenarios.
+phase "the clients on PostgreSQL 15"
 clients/test.sh
 
 # The framework examples (Django, SQLAlchemy, Flask, Knex, Express, Spring) against the SQL install.
+phase "the framework examples on PostgreSQL 15"
 examples/test.sh
 
 # Alert rules under promtool, and the real Prometheus exporter scraped over 127.0.0.1.
+phase "monitoring"
 monitoring/test.sh
 
 # The Debian package: built, installed on this machine, and the demo run against what it
 # installed (not against a build of this checkout).
+phase "the packages"
 scripts/package.sh
 deb=$(ls dist/postgresql-15-outbox-ext_*.deb)
 if [ "$(id -u)" = 0 ]; then dpkg -i "$deb" >/dev/null; else sudo dpkg -i "$deb" >/dev/null; fi
@@ -93,6 +105,48 @@ cargo install --quiet --locked --path cli --root "$install_root" --target-dir ta
 "$install_root/bin/outbox" version | grep "^outbox " >/dev/null || { echo "test: cargo install gave no working outbox" >&2; exit 1; }
 rm -rf "$install_root"
 
+# Every other supported major (scripts/servers.sh pins each). 18, for which the extension
+# builds: the whole suite again, ending with its package installed into 18's directories and the
+# demo run against what it installed. 16 and 17, for which the extension is not built
+# (docs/installation.md, "PostgreSQL majors"): the SQL install's suite (cli/tests without the
+# tests that need the extension, the fault scenarios that kill a relay, stop the server and
+# take the receiver away, the clients and the framework examples).
+export OUTBOX_PG_MAJOR=18
+. scripts/cluster.sh
+phase "PostgreSQL 18: the whole suite"
+install_released_scripts
+mkdir -p "$PGDATA_DIR-18"
+chown postgres "$PGDATA_DIR-18" 2>/dev/null || true
+RUST_TEST_THREADS=1 cargo pgrx test pg18 "${runas[@]}" --pgdata "$PGDATA_DIR-18" "$@"
+phase "PostgreSQL 18: the fault suite"
+faults/run.sh
+phase "PostgreSQL 18: the outbox binary, the clients, the framework examples"
+cli/test.sh
+clients/test.sh
+examples/test.sh
+phase "PostgreSQL 18: the extension's package"
+tarball=$(ls dist/outbox_ext-*-pg18-*.tar.gz)
+unpacked=$(mktemp -d /tmp/outbox-pg18.XXXXXX)
+tar -xzf "$tarball" -C "$unpacked"
+pg18_config=$(server_dir 18)/bin/pg_config
+install -m 755 "$unpacked"/outbox_ext-*/outbox_ext.so "$("$pg18_config" --pkglibdir)/"
+install -m 644 "$unpacked"/outbox_ext-*/extension/* "$("$pg18_config" --sharedir)/extension/"
+cmp -s "$unpacked"/outbox_ext-*/outbox_ext.so "$("$pg18_config" --pkglibdir)/outbox_ext.so" ||
+  { echo "test: the library in PostgreSQL 18's directory is not the package's" >&2; exit 1; }
+rm -rf "$unpacked"
+OUTBOX_USE_INSTALLED=1 scripts/demo.sh
+
+for major in 16 17; do
+  export OUTBOX_PG_MAJOR=$major
+  phase "PostgreSQL $major: the SQL install's suite"
+  cli/test.sh
+  FAULT_MODE=relays FAULT_ONLY=kill_a_worker,immediate_stop,receiver_outage faults/run.sh
+  clients/test.sh
+  examples/test.sh
+done
+unset OUTBOX_PG_MAJOR
+
+phase "the assembled update scripts"
 # The update scripts ship as assembled (cargo pgrx install copies them from sql/): the
 # committed ones must be what their sources give, which the tests above just ran.
 if ! git diff --quiet -- 'sql/outbox_ext--*--*.sql'; then

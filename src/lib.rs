@@ -10,6 +10,7 @@ use pgrx::prelude::*;
 
 mod api;
 mod catalog;
+mod majors;
 mod redact;
 mod settings;
 mod worker;
@@ -54,7 +55,8 @@ extension_sql_file!("../sql/pull.sql", name = "pull", requires = ["claim"]);
 extension_sql_file!("../sql/relays.sql", name = "relays", requires = ["pull"]);
 extension_sql_file!("../sql/dead.sql", name = "dead", requires = ["relays"]);
 extension_sql_file!("../sql/log.sql", name = "log", requires = ["dead"]);
-extension_sql_file!("../sql/library.sql", name = "library", requires = ["log"]);
+extension_sql_file!("../sql/log_slot.sql", name = "log_slot", requires = ["log"]);
+extension_sql_file!("../sql/library.sql", name = "library", requires = ["log_slot"]);
 extension_sql_file!("../sql/api.sql", finalize);
 
 #[pg_guard]

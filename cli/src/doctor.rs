@@ -62,7 +62,7 @@ pub fn run(options: &DatabaseOptions) -> Result<(String, String, Vec<Drift>), Mi
             .iter()
             .find(|(version, _)| *version == outbox.version)
             .ok_or_else(|| MigrateError::UnknownVersion(outbox.version.clone()))?;
-        Ok(script::for_sql_install(released, schema, false))
+        Ok(script::released(released, schema))
     };
     let scratch = format!("outbox_doctor_{}", std::process::id());
     let by_signature: Vec<String> = if extension { LIBRARY_FUNCTIONS.map(String::from).to_vec() } else { Vec::new() };

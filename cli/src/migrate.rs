@@ -124,7 +124,7 @@ fn next_step(current: Option<&str>, target: &str, schema: &str) -> Result<Option
         } else {
             let (_, released) =
                 RELEASED.iter().find(|(version, _)| *version == target).ok_or_else(|| MigrateError::UnknownVersion(target.into()))?;
-            script::for_sql_install(released, schema, false)
+            script::released(released, schema)
         };
         return Ok(Some(Step { from: None, to: target.to_string(), sql }));
     };
@@ -263,7 +263,7 @@ mod tests {
         let older = next_step(None, "0.2.0", "app").unwrap().unwrap();
         assert!(older.sql.contains("CREATE TABLE app.outbox") && !older.sql.contains("app.outbox_enqueue"), "0.2.0 had no SQL enqueue");
         let update = next_step(Some("0.2.0"), VERSION, "app").unwrap().unwrap();
-        assert_eq!((update.from.as_deref(), update.to.as_str()), (Some("0.2.0"), "0.3.0"));
+        assert_eq!((update.from.as_deref(), update.to.as_str()), (Some("0.2.0"), "0.3.0"), "one release at a time");
         assert!(next_step(Some(VERSION), VERSION, "app").unwrap().is_none());
         assert!(matches!(next_step(Some("9.0.0"), VERSION, "app"), Err(MigrateError::Newer { .. })));
         assert!(matches!(next_step(Some("0.1.5"), VERSION, "app"), Err(MigrateError::NoPath { .. })));
@@ -274,8 +274,8 @@ mod tests {
     fn a_dry_run_shows_the_lock_the_script_and_the_version_recorded() {
         let step = next_step(None, VERSION, "app").unwrap().unwrap();
         let text = transaction_text(&step, "app");
-        assert!(text.starts_with("-- outbox migrate: install 0.3.0\nBEGIN;\nSELECT pg_catalog.pg_advisory_xact_lock"));
+        assert!(text.starts_with(&format!("-- outbox migrate: install {VERSION}\nBEGIN;\nSELECT pg_catalog.pg_advisory_xact_lock")));
         assert!(text.contains("CREATE TABLE app.outbox_migrations"));
-        assert!(text.ends_with("INSERT INTO app.outbox_migrations (version) VALUES ('0.3.0');\nCOMMIT;\n"));
+        assert!(text.ends_with(&format!("INSERT INTO app.outbox_migrations (version) VALUES ('{VERSION}');\nCOMMIT;\n")));
     }
 }

@@ -29,9 +29,10 @@ pub enum ReplicationError {
     Connect(#[from] ConnectError),
     #[error("{0}")]
     Io(#[from] io::Error),
-    /// What the server said, with its SQLSTATE.
-    #[error("{code}: {message}")]
-    Server { code: String, message: String },
+    /// What the server said, with its SQLSTATE and its detail, if any (from 16 on, the
+    /// detail is where a refused WAL sender says which attribute it lacks).
+    #[error("{code}: {message}{}", detail.as_ref().map(|detail| format!(" ({detail})")).unwrap_or_default())]
+    Server { code: String, message: String, detail: Option<String> },
     #[error("{0}")]
     Protocol(String),
 }
@@ -303,16 +304,17 @@ fn server_error(tag: u8, body: BytesMut) -> ReplicationError {
     let Ok(Message::ErrorResponse(error)) = parse(tag, body) else {
         return ReplicationError::Protocol("a malformed error message".into());
     };
-    let (mut code, mut message) = (String::new(), String::new());
+    let (mut code, mut message, mut detail) = (String::new(), String::new(), None);
     let mut fields = error.fields();
     while let Ok(Some(field)) = fields.next() {
         match field.type_() {
             b'C' => code = String::from_utf8_lossy(field.value_bytes()).into_owned(),
             b'M' => message = String::from_utf8_lossy(field.value_bytes()).into_owned(),
+            b'D' => detail = Some(String::from_utf8_lossy(field.value_bytes()).into_owned()),
             _ => {}
         }
     }
-    ReplicationError::Server { code, message }
+    ReplicationError::Server { code, message, detail }
 }
 
 fn quote_ident(name: &str) -> String {

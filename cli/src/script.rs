@@ -6,7 +6,7 @@
 
 /// The install script of the version this binary is: the files `src/lib.rs` declares, in its
 /// order, then the SQL forms of the library's functions.
-const INSTALL: [&str; 14] = [
+const INSTALL: [&str; 15] = [
     include_str!("../../sql/schema.sql"),
     include_str!("../../sql/deliveries.sql"),
     include_str!("../../sql/attempts.sql"),
@@ -20,20 +20,44 @@ const INSTALL: [&str; 14] = [
     include_str!("../../sql/relays.sql"),
     include_str!("../../sql/dead.sql"),
     include_str!("../../sql/log.sql"),
+    include_str!("../../sql/log_slot.sql"),
     include_str!("../../sql/api.sql"),
 ];
 
 /// What the SQL install of this version has instead of the library: run after each step that
-/// ends at this version. A step that ends at an older version (installing a released one) gets
-/// none: the SQL install came with 0.3.0, so no older version had SQL forms of these functions.
+/// ends at this version. Installing a released version takes that version's (`RELEASED`).
 pub const SQL_INSTALL: &str = include_str!("../../sql/sql_install.sql");
 
 /// The update scripts, as `ALTER EXTENSION … UPDATE` runs them: from, to, text. Each is the
 /// committed, assembled file (frozen once released).
-pub const UPDATES: [(&str, &str, &str); 1] = [("0.2.0", "0.3.0", include_str!("../../sql/outbox_ext--0.2.0--0.3.0.sql"))];
+pub const UPDATES: [(&str, &str, &str); 2] = [
+    ("0.2.0", "0.3.0", include_str!("../../sql/outbox_ext--0.2.0--0.3.0.sql")),
+    ("0.3.0", "0.4.0", include_str!("../../sql/outbox_ext--0.3.0--0.4.0.sql")),
+];
 
-/// Released install scripts, for installing an older version (and testing its update).
-pub const RELEASED: [(&str, &str); 1] = [("0.2.0", include_str!("../../sql/outbox_ext--0.2.0.sql"))];
+/// A released version as `outbox migrate --to` installs it (to test its update).
+pub enum Released {
+    /// Before 0.3.0 there was no SQL install: the extension's install script of the version,
+    /// without what only an extension does.
+    Extension(&'static str),
+    /// From 0.3.0 on: what that version's `outbox migrate` ran, with `@extschema@` for the
+    /// schema, frozen in `sql/sql_install--X.Y.Z.sql`.
+    SqlInstall(&'static str),
+}
+
+/// The released versions, oldest first.
+pub const RELEASED: [(&str, Released); 2] = [
+    ("0.2.0", Released::Extension(include_str!("../../sql/outbox_ext--0.2.0.sql"))),
+    ("0.3.0", Released::SqlInstall(include_str!("../../sql/sql_install--0.3.0.sql"))),
+];
+
+/// The install script of a released version, for the SQL install in `schema` (quoted).
+pub fn released(version: &Released, schema: &str) -> String {
+    match version {
+        Released::Extension(script) => for_sql_install(script, schema, false),
+        Released::SqlInstall(script) => outbox_core::statements::qualify(script, schema),
+    }
+}
 
 /// The install script of this binary's version, for the SQL install in `schema` (quoted).
 pub fn install(schema: &str) -> String {
@@ -189,7 +213,10 @@ mod tests {
 
     #[test]
     fn every_install_and_update_script_splits_into_whole_statements() {
-        for script in INSTALL.iter().chain(UPDATES.iter().map(|(_, _, s)| s)).chain(RELEASED.iter().map(|(_, s)| s)) {
+        let released = RELEASED.iter().map(|(_, version)| match version {
+            Released::Extension(script) | Released::SqlInstall(script) => script,
+        });
+        for script in INSTALL.iter().chain(UPDATES.iter().map(|(_, _, s)| s)).chain(released) {
             for statement in statements(script) {
                 let code = without_comments(statement);
                 let code = code.trim();

@@ -102,7 +102,8 @@ impl Deployment {
 
     /// Runs `script` after sourcing scripts/cluster.sh, with the test's server as its cluster.
     fn cluster_sh(&self, script: &str) -> Output {
-        let script = format!(". {CLUSTER_SH}; CLUSTER_DIR={}/pg CLUSTER_PORT={}; {script}", self.dir.display(), self.port);
+        let script =
+            format!(". {CLUSTER_SH}; PG_BIN=$TLS_PG_BIN CLUSTER_DIR={}/pg CLUSTER_PORT={}; {script}", self.dir.display(), self.port);
         Command::new("bash").args(["-euo", "pipefail", "-c", &script]).output().expect("run bash")
     }
 

@@ -116,7 +116,7 @@ fn migrate_refuses_a_schema_of_its_own_that_another_role_may_create_in() {
 }
 
 #[test]
-fn doctor_names_a_look_alike_of_outbox_enqueue_and_any_other_object_on_both_installs() {
+fn doctor_names_a_look_alike_of_outbox_enqueue_and_any_other_object_on_the_sql_install_and_the_extension() {
     // The SQL install: a look-alike the owner made, and one a role made while it had CREATE.
     database_with_squatter("outbox_t_look_alike");
     migrate("outbox_t_look_alike", &[]);
@@ -163,7 +163,7 @@ fn doctor_names_a_look_alike_of_outbox_enqueue_and_any_other_object_on_both_inst
 }
 
 #[test]
-fn doctor_names_an_object_of_the_outbox_given_to_another_role_and_a_trigger_grant() {
+fn doctor_names_an_object_of_the_outbox_or_extension_given_to_another_role_and_a_trigger_grant() {
     let mut db = fresh_database("outbox_t_owners");
     migrate("outbox_t_owners", &[]);
     db.batch_execute(
@@ -201,7 +201,7 @@ impl Drop for WritesAllData {
 }
 
 #[test]
-fn doctor_names_writes_on_the_outboxs_tables_and_migrate_refuses_default_privileges_that_would_give_them() {
+fn doctor_names_writes_on_the_outboxs_or_extensions_tables_and_migrate_refuses_default_privileges_that_would_give_them() {
     let mut db = fresh_database("outbox_t_writes");
     migrate("outbox_t_writes", &[]);
     db.batch_execute(

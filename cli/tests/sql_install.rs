@@ -25,8 +25,12 @@ fn migrate_installs_as_a_role_with_only_create_what_create_extension_installs() 
     let superuser: bool = sql.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = 'outbox_owner'", &[]).unwrap().get(0);
     assert!(!superuser, "the owner is an ordinary role");
     let said = migrate("outbox_t_sql", &[]);
-    assert!(said.contains("installing version 0.3.0 into schema outbox"), "{said}");
-    assert!(said.contains(" is at version 0.3.0\n") && !said.contains("nothing to do"), "a migrate that installed says so: {said}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(said.contains(&format!("installing version {version} into schema outbox")), "{said}");
+    assert!(
+        said.contains(&format!(" is at version {version}\n")) && !said.contains("nothing to do"),
+        "a migrate that installed says so: {said}"
+    );
 
     let mut extension = fresh_database("outbox_t_ext");
     extension.batch_execute("CREATE SCHEMA outbox; CREATE EXTENSION outbox_ext SCHEMA outbox").unwrap();
@@ -41,7 +45,7 @@ fn migrate_installs_as_a_role_with_only_create_what_create_extension_installs() 
 }
 
 #[test]
-fn enqueue_in_sql_raises_the_errors_of_the_library() {
+fn enqueue_in_sql_raises_the_errors_of_the_extensions_library() {
     fresh_database("outbox_t_errors_sql");
     migrate("outbox_t_errors_sql", &[]);
     fresh_database("outbox_t_errors_ext").batch_execute("CREATE EXTENSION outbox_ext").unwrap();
@@ -121,7 +125,7 @@ fn migrate_is_versioned_runs_once_at_a_time_and_its_dry_run_changes_nothing() {
         assert!(output.status.success(), "{}", text(&output));
     }
     let versions: Vec<String> = db.query("SELECT version FROM outbox.outbox_migrations", &[]).unwrap().iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, ["0.3.0"], "two migrates at once apply the step once");
+    assert_eq!(versions, [env!("CARGO_PKG_VERSION")], "two migrates at once apply the step once");
     assert!(migrate("outbox_t_versions", &[]).contains("nothing to do"));
 }
 
@@ -134,9 +138,17 @@ const ROWS: &str = "
         || (SELECT jsonb_agg(to_jsonb(p) ORDER BY p.event_id) FROM outbox.processed_events AS p)::text";
 
 #[test]
-fn migrate_upgrades_a_0_2_0_sql_install_keeping_every_row_to_what_a_fresh_install_is() {
+fn migrate_upgrades_every_released_sql_install_keeping_every_row_to_what_a_fresh_install_is() {
+    // Every release that `outbox migrate --to` installs (the SQL install came with 0.3.0, and
+    // installs 0.2.0's tables as its first step).
+    for released in ["0.2.0", "0.3.0"] {
+        upgrade_keeps_every_row(released);
+    }
+}
+
+fn upgrade_keeps_every_row(released: &str) {
     let mut db = fresh_database("outbox_t_upgrade");
-    migrate("outbox_t_upgrade", &["--to", "0.2.0"]);
+    migrate("outbox_t_upgrade", &["--to", released]);
     let mut owner = connect("outbox_owner", "outbox_t_upgrade");
     owner
         .batch_execute(
@@ -144,7 +156,8 @@ fn migrate_upgrades_a_0_2_0_sql_install_keeping_every_row_to_what_a_fresh_instal
              SELECT outbox_endpoint_set('hooks', 'http://127.0.0.1:9/h', '{order.*}');
              SELECT outbox_endpoint_rotate_secret('hooks');
              SELECT outbox_endpoint_set('jobs', NULL, '{order.*}', kind => 'pull', ordered => true);
-             -- 0.2.0 had no SQL install, so no SQL outbox_enqueue: its rows, as the library wrote them.
+             -- 0.2.0 had no SQL install, so no SQL outbox_enqueue: its rows, as the library wrote them
+             -- (the same rows for each release).
              INSERT INTO outbox (topic, payload, key) SELECT 'order.placed', jsonb_build_object('n', n), 'k' || (n % 3) FROM generate_series(1, 30) AS n;
              INSERT INTO outbox_deliveries (event_id, endpoint, key, waiting) SELECT id, 'hooks', NULL, false FROM outbox;
              INSERT INTO outbox_deliveries (event_id, endpoint, key, waiting) SELECT id, 'jobs', key, id > 3 FROM outbox;
@@ -155,15 +168,16 @@ fn migrate_upgrades_a_0_2_0_sql_install_keeping_every_row_to_what_a_fresh_instal
         .unwrap();
     let before: String = db.query_one(ROWS, &[]).unwrap().get(0);
     let said = migrate("outbox_t_upgrade", &[]);
-    assert!(said.contains("upgrading schema outbox from 0.2.0 to 0.3.0"), "{said}");
+    assert!(said.contains(&format!("upgrading schema outbox from {released} to ")), "{said}");
+    assert!(said.contains(&format!(" is at version {}\n", env!("CARGO_PKG_VERSION"))), "{said}");
     let after: String = db.query_one(ROWS, &[]).unwrap().get(0);
     assert_eq!(after, before, "every row is kept");
     let doctor = outbox(&["doctor", "--database-url", &url("outbox_owner", "outbox_t_upgrade")]);
-    assert!(doctor.status.success(), "the upgraded install is what 0.3.0 installs: {}", text(&doctor));
+    assert!(doctor.status.success(), "{released} upgraded is what this version installs: {}", text(&doctor));
 }
 
 #[test]
-fn each_install_refuses_a_database_that_has_the_other() {
+fn the_sql_install_and_the_extension_each_refuse_a_database_that_has_the_other() {
     fresh_database("outbox_t_refuse_ext").batch_execute("CREATE EXTENSION outbox_ext").unwrap();
     let output = outbox(&["migrate", "--database-url", &url("outbox_owner", "outbox_t_refuse_ext")]);
     assert_eq!(output.status.code(), Some(1));
@@ -177,7 +191,7 @@ fn each_install_refuses_a_database_that_has_the_other() {
 }
 
 #[test]
-fn doctor_passes_both_installs_and_names_each_drift() {
+fn doctor_passes_the_sql_install_and_the_extension_and_names_each_drift() {
     fresh_database("outbox_t_doctor_ext").batch_execute("CREATE EXTENSION outbox_ext").unwrap();
     let output = outbox(&["doctor", "--database-url", &url("postgres", "outbox_t_doctor_ext")]);
     assert!(output.status.success(), "{}", text(&output));
@@ -237,7 +251,11 @@ fn the_relay_delivers_from_the_sql_install_woken_by_listen_and_refuses_a_newer_s
     db.batch_execute("INSERT INTO outbox.outbox_migrations (version) VALUES ('9.9.9')").unwrap();
     let output = std::process::Command::new(BINARY).args(["relay", "--database-url", &relay_url]).output().unwrap();
     assert_eq!(output.status.code(), Some(1));
-    assert!(text(&output).contains("is version 9.9.9, newer than this relay (0.3.0)"), "{}", text(&output));
+    assert!(
+        text(&output).contains(&format!("is version 9.9.9, newer than this relay ({})", env!("CARGO_PKG_VERSION"))),
+        "{}",
+        text(&output)
+    );
     assert_eq!(receiver.count(), 1, "the rolled-back event was never sent");
 }
 
@@ -378,7 +396,7 @@ fn enqueue_every_way(database: &str, schema: &str, raise_limit: &str, lower_limi
 }
 
 #[test]
-fn enqueue_in_sql_writes_what_the_library_writes_whatever_the_callers_search_path() {
+fn enqueue_in_sql_writes_what_the_extensions_library_writes_whatever_the_callers_search_path() {
     fresh_database("outbox_t_enqueue_sql");
     migrate("outbox_t_enqueue_sql", &[]);
     fresh_database("outbox_t_enqueue_ext").batch_execute("CREATE EXTENSION outbox_ext").unwrap();

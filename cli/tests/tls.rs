@@ -1,5 +1,6 @@
 //! TLS to the database, against a real server with `ssl = on` and a certificate for 127.0.0.1
-//! signed by a CA of cli/test.sh's making (`OUTBOX_TEST_TLS` holds ca.pem and other-ca.pem).
+//! signed by a CA of cli/test.sh's making (`OUTBOX_TEST_TLS` holds ca.pem and other-ca.pem):
+//! the tests' server that offers TLS (`OUTBOX_TEST_TLS_URL`), as managed services do.
 
 mod support;
 
@@ -20,8 +21,8 @@ fn dry_run(url: &str) -> (bool, String) {
 
 #[test]
 fn each_sslmode_checks_what_libpqs_does() {
-    fresh_database("outbox_t_tls");
-    let base = url("outbox_owner", "outbox_t_tls");
+    fresh_database_on(Server::Tls, "outbox_t_tls");
+    let base = url_on(Server::Tls, "outbox_owner", "outbox_t_tls");
     let ca = certificate("ca.pem");
     let other = certificate("other-ca.pem");
 
@@ -55,9 +56,9 @@ fn each_sslmode_checks_what_libpqs_does() {
 
 #[test]
 fn the_relay_connects_over_tls_when_asked_and_in_clear_when_told() {
-    let mut db = fresh_database("outbox_t_tls_relay");
-    migrate("outbox_t_tls_relay", &[]);
-    let base = url("outbox_relay", "outbox_t_tls_relay");
+    let mut db = fresh_database_on(Server::Tls, "outbox_t_tls_relay");
+    migrate_on(Server::Tls, "outbox_t_tls_relay", &[]);
+    let base = url_on(Server::Tls, "outbox_relay", "outbox_t_tls_relay");
     let encrypted = |db: &mut postgres::Client| -> Vec<bool> {
         db.query(
             "SELECT s.ssl FROM pg_stat_activity AS a JOIN pg_stat_ssl AS s USING (pid)

@@ -25,7 +25,7 @@ use pgrx::prelude::*;
 
 use super::registry::{self, Found};
 use super::{transaction, wake};
-use crate::settings;
+use crate::{majors, settings};
 
 /// How often the launcher looks at the databases and at its workers when nothing woke it.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -63,7 +63,7 @@ pub extern "C-unwind" fn outbox_launcher_main(_arg: pg_sys::Datum) {
     // in the way of DROP DATABASE.
     BackgroundWorker::connect_worker_to_spi(None, None);
     // SAFETY: MyProc is this process's own PGPROC.
-    registry::publish_launcher(Some(unsafe { (*pg_sys::MyProc).pgprocno }));
+    registry::publish_launcher(Some(unsafe { majors::my_proc_number() }));
     let mut launcher = Launcher::new(settings::database());
     match &launcher.restriction {
         Some(name) => log!("outbox_ext launcher started for database \"{name}\" (outbox.database)"),
@@ -84,7 +84,7 @@ pub extern "C-unwind" fn outbox_launcher_main(_arg: pg_sys::Datum) {
     // Exit code 1: the postmaster starts a launcher stopped on its own (pg_terminate_backend)
     // again after RESTART_AFTER; at a server shutdown nothing is restarted anyway.
     // SAFETY: no transaction is open.
-    unsafe { pg_sys::proc_exit(1) };
+    unsafe { majors::exit_process(1) };
 }
 
 /// A row of pg_database, as far as the launcher cares.

@@ -19,6 +19,7 @@ pub use queue::Queries;
 use registry::Found;
 
 use crate::catalog::LIBRARY_VERSION;
+use crate::majors;
 use crate::settings::{self, Settings};
 use outbox_core::delivery::{Attempt, Outcome};
 use outbox_core::relay::{Asked, Commits, Ended, Level, Relay, Report, Wake};
@@ -39,7 +40,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     let Some(slot) = registry::claim_slot(index, database, number) else {
         log!("outbox_ext relay {number}: not started: its slot went to another worker");
         // SAFETY: no transaction is open.
-        unsafe { pg_sys::proc_exit(0) };
+        unsafe { majors::exit_process(0) };
     };
     let mut worker = Worker {
         number,
@@ -54,7 +55,7 @@ pub extern "C-unwind" fn outbox_relay_main(arg: pg_sys::Datum) {
     // The launcher starts a stopped worker again, unless the server is shutting down, the
     // database is going away or has no outbox_ext.
     // SAFETY: no transaction is open; proc_exit runs PostgreSQL's exit callbacks.
-    unsafe { pg_sys::proc_exit(0) };
+    unsafe { majors::exit_process(0) };
 }
 
 /// One relay worker: finds the extension in its database, then runs the relay loop of

@@ -12,6 +12,8 @@ use pgrx::{pg_shmem_init, PgAtomic};
 
 use outbox_core::delivery::OutcomeClass;
 
+use crate::majors;
+
 /// Relay workers running at once, over every database.
 pub const WORKER_SLOTS: usize = 128;
 /// Databases the launcher looks after at once (served, probed or being dropped).
@@ -299,7 +301,7 @@ pub fn claim_slot(index: usize, database: Oid, number: usize) -> Option<&'static
     // SAFETY: MyProc is this worker's own PGPROC, set up before its main function ran; the
     // callback is this library's own and takes the slot index as its argument.
     unsafe {
-        slot.procno.store((*pg_sys::MyProc).pgprocno, Ordering::SeqCst);
+        slot.procno.store(majors::my_proc_number(), Ordering::SeqCst);
         pg_sys::before_shmem_exit(Some(release_slot_at_exit), pg_sys::Datum::from(index));
     }
     Some(slot)

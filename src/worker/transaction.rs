@@ -10,6 +10,8 @@ use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use pgrx::spi::SpiError;
 
+use crate::majors;
+
 #[derive(Debug, thiserror::Error)]
 pub enum TransactionError {
     /// An ERROR raised by PostgreSQL (or by pgrx on our behalf).
@@ -53,7 +55,7 @@ pub fn run<T>(body: impl FnOnce() -> Result<T, SpiError> + std::panic::UnwindSaf
             if !pg_sys::MyReplicationSlot.is_null() {
                 pg_sys::ReplicationSlotRelease();
             }
-            pg_sys::ReplicationSlotCleanup();
+            majors::drop_temporary_slots();
         }
     }
     result

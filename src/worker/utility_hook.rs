@@ -24,6 +24,7 @@ use pgrx::prelude::*;
 use pgrx::{register_xact_callback, PgXactCallbackEvent};
 
 use super::{registry, wake};
+use crate::majors;
 
 static mut PREVIOUS_HOOK: pg_sys::ProcessUtility_hook_type = None;
 
@@ -199,7 +200,7 @@ unsafe fn will_drop_or_rename_database(statement: *mut pg_sys::Node, context: pg
         let database = pg_sys::get_database_oid(name, true);
         (database != pg_sys::InvalidOid
             && database != pg_sys::MyDatabaseId
-            && pg_sys::pg_database_ownercheck(database, pg_sys::GetUserId())
+            && majors::owns_database(database)
             && (is_drop || pg_sys::have_createdb_privilege()))
         .then_some(database)
     }

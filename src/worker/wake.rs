@@ -21,6 +21,7 @@ use outbox_core::timers::wait_millis;
 use pgrx::prelude::*;
 
 use super::registry;
+use crate::majors;
 
 // Per backend: how many events this transaction enqueued, what they wrote (registry's
 // COMMITTED_* bits), and is the callback installed yet?
@@ -127,7 +128,7 @@ impl DoorbellWait {
                 // is this process's own, and the doorbell an open eventfd that outlives this
                 // wait (the relay's sender owns both, and drops this first).
                 let set = unsafe {
-                    let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, 3);
+                    let set = majors::lasting_wait_event_set(3);
                     let none = std::ptr::null_mut();
                     pg_sys::AddWaitEventToSet(set, pg_sys::WL_LATCH_SET, pg_sys::PGINVALID_SOCKET, pg_sys::MyLatch, none);
                     pg_sys::AddWaitEventToSet(set, pg_sys::WL_EXIT_ON_PM_DEATH, pg_sys::PGINVALID_SOCKET, std::ptr::null_mut(), none);

@@ -22,8 +22,12 @@ pub enum Server {
     /// `OUTBOX_TEST_URL`: the extension's library preloaded, as the extension install needs.
     Library,
     /// `OUTBOX_TEST_MANAGED_URL`: no outbox library loaded, as on a managed server, where every
-    /// `outbox.*` name is a placeholder that any role may SET.
+    /// `outbox.*` name is a placeholder that any role may SET; `wal_level = logical`.
     Managed,
+    /// `OUTBOX_TEST_TLS_URL`: a server that offers TLS, as managed servers do, with a
+    /// certificate of cli/test.sh's CA (`OUTBOX_TEST_TLS`), loading no outbox library, with
+    /// `wal_level = logical`: the managed one, or one of the same major built with OpenSSL.
+    Tls,
 }
 
 /// `user`'s URL for `database` on the cluster of `OUTBOX_TEST_URL`.
@@ -36,6 +40,7 @@ pub fn url_on(server: Server, user: &str, database: &str) -> String {
     let variable = match server {
         Server::Library => "OUTBOX_TEST_URL",
         Server::Managed => "OUTBOX_TEST_MANAGED_URL",
+        Server::Tls => "OUTBOX_TEST_TLS_URL",
     };
     let base = std::env::var(variable).unwrap_or_else(|_| panic!("{variable}: run through cli/test.sh"));
     let (scheme_and_host, _) = base.rsplit_once('/').expect("a URL ending in /database");
