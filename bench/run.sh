@@ -188,7 +188,6 @@ stop_cluster # its library is about to be replaced
 old_drain_rate= new_drain_rate= old_rates= new_rates= old_sql_rates= new_sql_rates=
 if [ "$COMPARE_0_1_0" = 1 ]; then
   echo "== 0.1.0 against this version: the same drain in a new cluster each, alternating, 3 rounds"
-  as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
   libdir=$("$PG_BIN/pg_config" --pkglibdir) extdir="$("$PG_BIN/pg_config" --sharedir)/extension"
   save_library() { mkdir -p "$DIR/lib-$1"; cp "$libdir/outbox_ext.so" "$extdir"/outbox_ext.control "$extdir"/outbox_ext--*.sql "$DIR/lib-$1/"; }
   use_library() {

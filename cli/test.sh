@@ -19,14 +19,24 @@ if extension_builds; then
 else
   only_sql_install=(--skip extension)
 fi
-# The rule the line above relies on: a test that makes the extension says so in its name.
-unnamed=$(awk '/^fn / { name = $2 } /CREATE EXTENSION/ && name !~ /extension/ { print FILENAME ": " name }' cli/tests/*.rs | sort -u)
+# The rule the line above relies on: a test (or helper) that makes the extension says so in its
+# name.
+unnamed=$(awk 'FNR == 1 { name = "" }
+               /^[[:space:]]*(pub )?fn / { name = $0; sub(/^[[:space:]]*(pub )?fn /, "", name); sub(/[(<].*/, "", name) }
+               /CREATE EXTENSION/ && tolower(name) !~ /extension/ { print FILENAME ": " name }' cli/tests/*.rs cli/tests/support/*.rs | sort -u)
 [ -z "$unnamed" ] || { echo "cli/test.sh: these tests make the extension but lack \"extension\" in their names:" >&2; echo "$unnamed" >&2; exit 1; }
 
 DIR=$(mktemp -d /tmp/outbox-cli.XXXXXX)
 chmod 755 "$DIR"
 PORT=15360
-cleanup() { stop_cluster; rm -rf "$DIR"; }
+# The clusters below, each stopped if it was started.
+MAIN_DIR=$DIR/pg MANAGED_DIR=$DIR/pg-managed TLS_DIR=$DIR/pg-tls
+cleanup() {
+  CLUSTER_DIR=$MAIN_DIR stop_cluster
+  CLUSTER_DIR=$MANAGED_DIR stop_cluster
+  CLUSTER_DIR=$TLS_DIR PG_BIN=$TLS_PG_BIN stop_cluster
+  rm -rf "$DIR"
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -50,21 +60,14 @@ ssl=("ssl = on" "ssl_cert_file = '$TLS/server.pem'" "ssl_key_file = '$TLS/server
 managed_ssl=()
 [ "$TLS_PG_BIN" != "$PG_BIN" ] || managed_ssl=("${ssl[@]}")
 MANAGED_PORT=$((PORT + 3))
-start_cluster "$DIR/pg-managed" "$MANAGED_PORT" "shared_preload_libraries = ''" "wal_level = logical" "${managed_ssl[@]}"
-MANAGED_DIR=$CLUSTER_DIR TLS_DIR="" TLS_PORT=$MANAGED_PORT
+start_cluster "$MANAGED_DIR" "$MANAGED_PORT" "shared_preload_libraries = ''" "wal_level = logical" "${managed_ssl[@]}"
+TLS_PORT=$MANAGED_PORT
 if [ "$TLS_PG_BIN" != "$PG_BIN" ]; then
   TLS_PORT=$((PORT + 4))
-  PG_BIN=$TLS_PG_BIN start_cluster "$DIR/pg-tls" "$TLS_PORT" "shared_preload_libraries = ''" "wal_level = logical" "${ssl[@]}"
-  TLS_DIR=$CLUSTER_DIR
+  PG_BIN=$TLS_PG_BIN start_cluster "$TLS_DIR" "$TLS_PORT" "shared_preload_libraries = ''" "wal_level = logical" "${ssl[@]}"
 fi
-cleanup() {
-  stop_cluster
-  CLUSTER_DIR=$MANAGED_DIR stop_cluster
-  [ -z "$TLS_DIR" ] || CLUSTER_DIR=$TLS_DIR PG_BIN=$TLS_PG_BIN stop_cluster
-  rm -rf "$DIR"
-}
 
-start_cluster "$DIR/pg" "$PORT" "outbox.workers = 0" "wal_level = logical"
+start_cluster "$MAIN_DIR" "$PORT" "outbox.workers = 0" "wal_level = logical"
 echo "== cli/tests on PostgreSQL $("$PG_BIN/postgres" --version | awk '{ print $3 }')${only_sql_install:+ (the SQL install only)}"
 # One at a time: a test's relay must not deliver another test's events.
 OUTBOX_TEST_URL="postgres://postgres@127.0.0.1:$PORT/postgres" OUTBOX_TEST_TLS="$TLS" \

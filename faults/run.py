@@ -938,6 +938,13 @@ def main():
     receiver.start()
     # Scenarios by name, comma-separated (e.g. FAULT_ONLY=two_replicas): only those run.
     only = [name for name in os.environ.get("FAULT_ONLY", "").split(",") if name]
+    scenarios = LOG_SCENARIOS if LOG_MODE else SCENARIOS + ORDERED_SCENARIOS + (RELAY_SCENARIOS if RELAY_BINARY else [])
+    # A name of another pass is fine (faults/run.sh runs them all); a misspelt one is not.
+    known = {s.__name__ for s in SCENARIOS + ORDERED_SCENARIOS + RELAY_SCENARIOS + LOG_SCENARIOS + [pgbouncer_restarted]}
+    unknown = [name for name in only if name not in known | {"database_lifecycle", "secrets_stay_out_of_the_log"}]
+    if unknown:
+        print(f"FAILED FAULT_ONLY names no scenario: {', '.join(unknown)}", file=sys.stderr)
+        sys.exit(1)
     try:
         if RELAY_BINARY:
             RELAYS.configure(BASE_SETTINGS)
@@ -953,7 +960,6 @@ def main():
             secrets_stay_out_of_the_log()
     except AssertionError as e:
         failures.append(f"secrets_stay_out_of_the_log: {e}")
-    scenarios = LOG_SCENARIOS if LOG_MODE else SCENARIOS + ORDERED_SCENARIOS + (RELAY_SCENARIOS if RELAY_BINARY else [])
     for scenario in [s for s in scenarios if not only or s.__name__ in only]:
         print(f"== {scenario.__name__}", flush=True)
         try:

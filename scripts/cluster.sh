@@ -7,7 +7,9 @@
 
 . "$(dirname "${BASH_SOURCE[0]}")/servers.sh"
 PG_MAJOR=${OUTBOX_PG_MAJOR:-15}
+server_version "$PG_MAJOR" >/dev/null || return 1
 PG_BIN=$(server_dir "$PG_MAJOR")/bin
+[ -x "$PG_BIN/postgres" ] || { echo "cluster: PostgreSQL $PG_MAJOR is not installed in $PG_BIN: run scripts/setup.sh" >&2; return 1; }
 # Debian's client tools (15) speak to every newer server; a server that has its own uses them.
 PSQL=$PG_BIN/psql
 [ -x "$PSQL" ] || PSQL=/usr/lib/postgresql/15/bin/psql
@@ -40,7 +42,7 @@ install_released_scripts() {
   dir="$("$PG_BIN/pg_config" --sharedir)/extension"
   for script in sql/outbox_ext--*.sql; do
     case "$script" in *--*--*) continue ;; esac
-    if [ "$(id -u)" = 0 ]; then install -m 644 "$script" "$dir/"; else sudo install -m 644 "$script" "$dir/"; fi
+    as_root install -m 644 "$script" "$dir/"
   done
 }
 

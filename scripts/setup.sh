@@ -12,7 +12,7 @@ APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev 
               libpostgresql-jdbc-java openjdk-17-jdk-headless pgbouncer chromium
               libspring-jdbc-java libspring-transaction-java "$@")
 
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+. scripts/servers.sh # as_root, and the servers of the other majors
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -31,7 +31,6 @@ fi
 
 # The other supported majors, pinned by exact version (scripts/servers.sh); a server that
 # cannot be fetched stops the setup here, with the reason.
-. scripts/servers.sh
 for major in "${SERVER_MAJORS[@]}" 18-tls; do
   install_server "$major"
 done

@@ -3,6 +3,8 @@
 # the extension preloaded, real relay workers and a real receiver on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The parts below choose their major themselves (15 first).
+unset OUTBOX_PG_MAJOR
 
 # Released scripts are frozen: sql/released.sha256 holds the digest of each install and update
 # script of a released version (a release adds their lines; from 0.3.0 on also
@@ -80,7 +82,7 @@ monitoring/test.sh
 phase "the packages"
 scripts/package.sh
 deb=$(ls dist/postgresql-15-outbox-ext_*.deb)
-if [ "$(id -u)" = 0 ]; then dpkg -i "$deb" >/dev/null; else sudo dpkg -i "$deb" >/dev/null; fi
+as_root dpkg -i "$deb" >/dev/null
 dpkg -S "$("$PG_BIN/pg_config" --pkglibdir)/outbox_ext.so" | grep -q '^postgresql-15-outbox-ext:' ||
   { echo "test: the installed library is not the package's" >&2; exit 1; }
 OUTBOX_USE_INSTALLED=1 scripts/demo.sh
@@ -88,7 +90,7 @@ OUTBOX_USE_INSTALLED=1 scripts/demo.sh
 # The outbox binary's package: installed, its user made, its unit valid and hardened, and the
 # installed binary the one built from this checkout.
 deb=$(ls dist/outbox_*.deb)
-if [ "$(id -u)" = 0 ]; then dpkg -i "$deb" >/dev/null; else sudo dpkg -i "$deb" >/dev/null; fi
+as_root dpkg -i "$deb" >/dev/null
 /usr/bin/outbox version | grep -x >/dev/null "outbox $(awk -F'"' '/^version *=/ { print $2; exit }' cli/Cargo.toml)" ||
   { echo "test: the installed outbox is not this version" >&2; exit 1; }
 getent passwd outbox >/dev/null || { echo "test: the package did not make the outbox user" >&2; exit 1; }
@@ -129,8 +131,8 @@ tarball=$(ls dist/outbox_ext-*-pg18-*.tar.gz)
 unpacked=$(mktemp -d /tmp/outbox-pg18.XXXXXX)
 tar -xzf "$tarball" -C "$unpacked"
 pg18_config=$(server_dir 18)/bin/pg_config
-install -m 755 "$unpacked"/outbox_ext-*/outbox_ext.so "$("$pg18_config" --pkglibdir)/"
-install -m 644 "$unpacked"/outbox_ext-*/extension/* "$("$pg18_config" --sharedir)/extension/"
+as_root install -m 755 "$unpacked"/outbox_ext-*/outbox_ext.so "$("$pg18_config" --pkglibdir)/"
+as_root install -m 644 "$unpacked"/outbox_ext-*/extension/* "$("$pg18_config" --sharedir)/extension/"
 cmp -s "$unpacked"/outbox_ext-*/outbox_ext.so "$("$pg18_config" --pkglibdir)/outbox_ext.so" ||
   { echo "test: the library in PostgreSQL 18's directory is not the package's" >&2; exit 1; }
 rm -rf "$unpacked"

@@ -4,6 +4,10 @@
 
 use pgrx::pg_sys;
 
+// 16 and 17 each differ from both: their code comes with their feature.
+#[cfg(not(any(feature = "pg15", feature = "pg18")))]
+compile_error!("outbox_ext builds for PostgreSQL 15 and 18 (feature pg15 or pg18): src/majors.rs has no code for this major");
+
 /// This process's number among the server's PGPROCs, by which another process finds its latch.
 ///
 /// # Safety

@@ -116,8 +116,8 @@ fn migrate_refuses_a_schema_of_its_own_that_another_role_may_create_in() {
 }
 
 #[test]
-fn doctor_names_a_look_alike_of_outbox_enqueue_and_any_other_object_on_the_sql_install_and_the_extension() {
-    // The SQL install: a look-alike the owner made, and one a role made while it had CREATE.
+fn doctor_names_a_look_alike_of_outbox_enqueue_and_any_other_object_on_the_sql_install() {
+    // A look-alike the owner made, and one a role made while it had CREATE.
     database_with_squatter("outbox_t_look_alike");
     migrate("outbox_t_look_alike", &[]);
     let mut owner = connect("outbox_owner", "outbox_t_look_alike");
@@ -145,7 +145,10 @@ fn doctor_names_a_look_alike_of_outbox_enqueue_and_any_other_object_on_the_sql_i
         assert!(said.contains(drift), "doctor names it ({drift}):\n{said}");
     }
     assert!(!said.contains("holds CREATE"), "{said}");
+}
 
+#[test]
+fn doctor_names_a_look_alike_of_outbox_enqueue_on_the_extension_and_the_grant_that_let_it_in() {
     // The extension, in public: a look-alike of a role that may create there, which doctor
     // names with its grant; the database's own tables there are none of the outbox's business.
     let mut db = database_with_squatter("outbox_t_look_alike_ext");
@@ -163,7 +166,7 @@ fn doctor_names_a_look_alike_of_outbox_enqueue_and_any_other_object_on_the_sql_i
 }
 
 #[test]
-fn doctor_names_an_object_of_the_outbox_or_extension_given_to_another_role_and_a_trigger_grant() {
+fn doctor_names_an_object_of_the_sql_install_given_to_another_role_and_a_trigger_grant() {
     let mut db = fresh_database("outbox_t_owners");
     migrate("outbox_t_owners", &[]);
     db.batch_execute(
@@ -180,7 +183,10 @@ fn doctor_names_an_object_of_the_outbox_or_extension_given_to_another_role_and_a
     ] {
         assert!(said.contains(drift), "doctor names it ({drift}):\n{said}");
     }
+}
 
+#[test]
+fn doctor_names_an_object_of_the_extension_given_to_another_role() {
     let mut db = fresh_database("outbox_t_owners_ext");
     db.batch_execute("CREATE EXTENSION outbox_ext; ALTER FUNCTION public.outbox_requeue(bigint, text) OWNER TO app").unwrap();
     let said = doctor_complains("postgres", "outbox_t_owners_ext");
@@ -201,7 +207,7 @@ impl Drop for WritesAllData {
 }
 
 #[test]
-fn doctor_names_writes_on_the_outboxs_or_extensions_tables_and_migrate_refuses_default_privileges_that_would_give_them() {
+fn doctor_names_writes_on_the_sql_installs_tables_and_migrate_refuses_default_privileges_that_would_give_them() {
     let mut db = fresh_database("outbox_t_writes");
     migrate("outbox_t_writes", &[]);
     db.batch_execute(
@@ -241,9 +247,12 @@ fn doctor_names_writes_on_the_outboxs_or_extensions_tables_and_migrate_refuses_d
     assert_eq!(installed(&mut db), (0, 0), "nothing installed");
     db.batch_execute("ALTER DEFAULT PRIVILEGES FOR ROLE outbox_owner REVOKE INSERT ON TABLES FROM app").unwrap();
     migrate("outbox_t_default_acl", &[]);
+}
 
-    // On the extension: the log's hourly partitions are no members of it, and a row inserted
-    // into one is an event; a foreign key onto the outbox holds back its retention.
+#[test]
+fn doctor_names_writes_on_the_extensions_tables_and_its_logs_partitions() {
+    // The log's hourly partitions are no members of the extension, and a row inserted into one
+    // is an event; a foreign key onto the outbox holds back its retention.
     let mut db = fresh_database("outbox_t_writes_ext");
     db.batch_execute(
         "CREATE EXTENSION outbox_ext; SELECT outbox_log_maintain();

@@ -20,7 +20,7 @@ fn describe(client: &mut postgres::Client, schema: &str, members_only: bool) -> 
 }
 
 #[test]
-fn migrate_installs_as_a_role_with_only_create_what_create_extension_installs() {
+fn migrate_installs_as_a_role_with_only_create_and_says_which_version() {
     let mut sql = fresh_database("outbox_t_sql");
     let superuser: bool = sql.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = 'outbox_owner'", &[]).unwrap().get(0);
     assert!(!superuser, "the owner is an ordinary role");
@@ -31,7 +31,15 @@ fn migrate_installs_as_a_role_with_only_create_what_create_extension_installs() 
         said.contains(&format!(" is at version {version}\n")) && !said.contains("nothing to do"),
         "a migrate that installed says so: {said}"
     );
+    let owner: String =
+        sql.query_one("SELECT tableowner::text FROM pg_tables WHERE schemaname = 'outbox' AND tablename = 'outbox'", &[]).unwrap().get(0);
+    assert_eq!(owner, "outbox_owner");
+}
 
+#[test]
+fn migrate_installs_what_create_extension_installs() {
+    let mut sql = fresh_database("outbox_t_sql_beside_ext");
+    migrate("outbox_t_sql_beside_ext", &[]);
     let mut extension = fresh_database("outbox_t_ext");
     extension.batch_execute("CREATE SCHEMA outbox; CREATE EXTENSION outbox_ext SCHEMA outbox").unwrap();
     let (installed, created) = (describe(&mut sql, "outbox", false), describe(&mut extension, "outbox", true));
@@ -39,9 +47,6 @@ fn migrate_installs_as_a_role_with_only_create_what_create_extension_installs() 
     let differences: Vec<_> =
         installed.iter().filter(|line| !created.contains(line)).chain(created.iter().filter(|line| !installed.contains(line))).collect();
     assert!(differences.is_empty(), "the SQL install differs from the extension's:\n{differences:#?}");
-    let owner: String =
-        sql.query_one("SELECT tableowner::text FROM pg_tables WHERE schemaname = 'outbox' AND tablename = 'outbox'", &[]).unwrap().get(0);
-    assert_eq!(owner, "outbox_owner");
 }
 
 #[test]
@@ -191,11 +196,14 @@ fn the_sql_install_and_the_extension_each_refuse_a_database_that_has_the_other()
 }
 
 #[test]
-fn doctor_passes_the_sql_install_and_the_extension_and_names_each_drift() {
+fn doctor_passes_the_extension_as_created() {
     fresh_database("outbox_t_doctor_ext").batch_execute("CREATE EXTENSION outbox_ext").unwrap();
     let output = outbox(&["doctor", "--database-url", &url("postgres", "outbox_t_doctor_ext")]);
     assert!(output.status.success(), "{}", text(&output));
+}
 
+#[test]
+fn doctor_passes_the_sql_install_and_names_each_drift() {
     let mut db = fresh_database("outbox_t_doctor");
     migrate("outbox_t_doctor", &[]);
     let url = url("outbox_owner", "outbox_t_doctor");
