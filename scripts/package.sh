@@ -21,8 +21,8 @@ assemble_update_scripts
 VERSION=$(awk -F'"' '/^version *=/ { print $2; exit }' Cargo.toml)
 ARCH=$(dpkg --print-architecture)
 
-# build_extension MAJOR: `cargo pgrx package` for that major's server; BUILT and EXTENSION_DIR
-# say where its files are.
+# build_extension MAJOR: `cargo pgrx package` for that major's server; BUILT, PKGLIB_DIR and
+# EXTENSION_DIR say where its files are.
 build_extension() {
   local pg_config
   pg_config=$(server_dir "$1")/bin/pg_config
@@ -41,6 +41,9 @@ build_extension() {
       exit 1
     fi
   fi
+  # Beside what pgrx built: the released install scripts and the update scripts, so that an
+  # installed older version can be updated. Each package takes the extension's files from here.
+  install -m 644 sql/outbox_ext--*.sql "$BUILT$EXTENSION_DIR/"
 }
 
 build_extension 18
@@ -50,9 +53,6 @@ trap 'rm -rf "$ROOT"' EXIT
 install -d "$ROOT/$TARBALL/extension"
 install -m 755 "$BUILT$PKGLIB_DIR/outbox_ext.so" "$ROOT/$TARBALL/"
 install -m 644 "$BUILT$EXTENSION_DIR"/* "$ROOT/$TARBALL/extension/"
-for script in sql/outbox_ext--*.sql; do # released install scripts and the update scripts
-  install -m 644 "$script" "$ROOT/$TARBALL/extension/"
-done
 install -m 644 LICENSE CHANGELOG.md "$ROOT/$TARBALL/"
 mkdir -p dist
 rm -f dist/outbox_ext-*-pg18-*.tar.gz
@@ -66,9 +66,6 @@ build_extension 15
 ROOT=$(mktemp -d /tmp/outbox-package.XXXXXX)
 trap 'rm -rf "$ROOT"' EXIT
 cp -a "$BUILT/." "$ROOT/"
-for script in sql/outbox_ext--*.sql; do # released install scripts and the update scripts
-  install -m 644 "$script" "$ROOT$EXTENSION_DIR/"
-done
 install -d "$ROOT/usr/share/doc/$NAME"
 install -m 644 LICENSE "$ROOT/usr/share/doc/$NAME/copyright"
 install -m 644 CHANGELOG.md README.md "$ROOT/usr/share/doc/$NAME/"
